@@ -1,0 +1,534 @@
+//! Facts derived from the timeline: the allocator state at the moment that matters (the OOM, else the peak),
+//! what was live and who allocated it, free space vs the failed request, and what the capture did not record.
+
+pub mod stacks;
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use crate::timeline::replay::{Replay, State};
+use crate::timeline::stacks::{StackId, EMPTY_STACK};
+use crate::timeline::{Action, AllocatorSettings, BlockState, CaptureInfo, DeviceTimeline, InputInfo, PoolKind, Timeline};
+use crate::units::{bytes, duration_us};
+pub use stacks::{culprit, stack_frames, FrameView};
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Which moment of the trace to describe.
+#[derive(Clone, Debug, PartialEq)]
+pub enum At {
+    /// The last OOM if there is one, else the peak.
+    Auto,
+    Oom,
+    Peak,
+    End,
+    /// Microseconds after the first trace event.
+    Offset(i64),
+    /// Right after this trace event.
+    Event(u32),
+}
+
+impl std::str::FromStr for At {
+    type Err = String;
+    fn from_str(s: &str) -> Result<At, String> {
+        let bad = || {
+            format!(
+                "--at {s:?}: expected oom, peak, end, a time after the trace start such as 12.5s or 300ms, or \
+                 event:N"
+            )
+        };
+        Ok(match s {
+            "auto" => At::Auto,
+            "oom" => At::Oom,
+            "peak" => At::Peak,
+            "end" => At::End,
+            _ => {
+                if let Some(n) = s.strip_prefix("event:") {
+                    At::Event(n.parse().map_err(|_| bad())?)
+                } else if let Some(ms) = s.strip_suffix("ms") {
+                    At::Offset((ms.parse::<f64>().map_err(|_| bad())? * 1e3) as i64)
+                } else if let Some(us) = s.strip_suffix("us") {
+                    At::Offset(us.parse::<f64>().map_err(|_| bad())? as i64)
+                } else if let Some(sec) = s.strip_suffix('s') {
+                    At::Offset((sec.parse::<f64>().map_err(|_| bad())? * 1e6) as i64)
+                } else {
+                    return Err(bad());
+                }
+            }
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub at: At,
+    pub top: usize,
+    pub device: Option<i64>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { at: At::Auto, top: 10, device: None }
+    }
+}
+
+/// Everything a report shows. Serialised as-is for `--format json` (schema version 1).
+#[derive(Debug, Serialize)]
+pub struct Analysis {
+    pub schema_version: u32,
+    pub tool: &'static str,
+    pub tool_version: &'static str,
+    pub inputs: Vec<InputInfo>,
+    pub devices: Vec<DeviceReport>,
+    pub allocator_settings: Option<AllocatorSettings>,
+    pub capture: CaptureInfo,
+    /// Rule findings (filled by the rule engine; empty until it runs).
+    pub findings: Vec<Finding>,
+}
+
+#[derive(Debug, Serialize, Clone)]
+pub struct Finding {
+    pub rule: String,
+    pub severity: String,
+    pub device: Option<i64>,
+    pub title: String,
+    pub message: String,
+    pub evidence: serde_json::Value,
+    pub fix: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceReport {
+    pub device: i64,
+    /// "oom", "peak", "end" or "time".
+    pub moment: &'static str,
+    /// Index of the trace event the state is taken right after (`null`: the file's final state, no trace).
+    pub event_index: Option<u32>,
+    pub time_us: Option<i64>,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub active_bytes: u64,
+    /// Freed by the program but still in use by another stream (`record_stream`).
+    pub pending_free_bytes: u64,
+    /// Reserved by PyTorch's cache but not allocated to a tensor.
+    pub reserved_unallocated_bytes: u64,
+    pub largest_free_block_bytes: u64,
+    pub segments: usize,
+    pub blocks: usize,
+    pub oom: Option<OomReport>,
+    pub oom_count: usize,
+    pub peak: Option<PeakReport>,
+    pub end: Totals,
+    pub free_by_pool: Vec<PoolFree>,
+    pub top_allocations: Vec<Allocation>,
+    pub by_stack: Vec<StackGroup>,
+    pub trace: TraceReport,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Clone, Copy)]
+pub struct Totals {
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub active_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OomReport {
+    /// The rounded block size the allocator searched for.
+    pub requested_bytes: u64,
+    /// What the driver reported free on the GPU at the failure.
+    pub device_free_bytes: Option<u64>,
+    pub time_us: Option<i64>,
+    pub event_index: u32,
+    pub stream: u64,
+    /// "small" (≤ 1 MiB requests) or "large".
+    pub pool: &'static str,
+    /// Free bytes cached in the pool and stream the request could have used.
+    pub cached_free_in_pool_bytes: u64,
+    pub largest_free_in_pool_bytes: u64,
+    /// The request would have fit in the cached free bytes if they were one block.
+    pub fits_in_cached_free: bool,
+    pub stack: Vec<String>,
+    pub culprit: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PeakReport {
+    pub allocated_bytes: u64,
+    pub event_index: Option<u32>,
+    pub time_us: Option<i64>,
+    pub reserved_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PoolFree {
+    pub pool: &'static str,
+    pub stream: u64,
+    pub pool_id: (i64, i64),
+    pub free_bytes: u64,
+    pub largest_free_block_bytes: u64,
+    pub free_blocks: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Allocation {
+    pub bytes: u64,
+    pub requested_bytes: u64,
+    pub address: u64,
+    pub stream: u64,
+    /// Trace index of the `alloc` that made it, when the trace has it.
+    pub event_index: Option<u32>,
+    /// Time since it was allocated, when the trace has timestamps.
+    pub age_us: Option<i64>,
+    pub culprit: String,
+    /// Innermost frame first: `file:line:function`.
+    pub stack: Vec<String>,
+    #[serde(skip)]
+    pub stack_id: StackId,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StackGroup {
+    pub bytes: u64,
+    pub count: usize,
+    pub culprit: String,
+    pub stack: Vec<String>,
+    #[serde(skip)]
+    pub stack_id: StackId,
+}
+
+#[derive(Debug, Serialize, Default)]
+pub struct TraceReport {
+    pub entries: usize,
+    pub first_time_us: Option<i64>,
+    pub last_time_us: Option<i64>,
+    pub span_us: Option<i64>,
+    pub actions: BTreeMap<&'static str, usize>,
+    /// The trace reaches back to an empty allocator (nothing was cut off by the ring buffer).
+    pub complete: bool,
+    pub frees_without_alloc: usize,
+    pub live_without_alloc: usize,
+    /// The replayed trace lands exactly on the file's final segments.
+    pub replay_matches_file: Option<bool>,
+}
+
+/// Analyses every device (or the one asked for).
+pub fn analyze(tl: &Timeline, opts: &Options) -> Result<Analysis, String> {
+    let mut devices = Vec::new();
+    for dev in &tl.devices {
+        if opts.device.is_some_and(|d| d != dev.device) {
+            continue;
+        }
+        if dev.segments.is_empty() && dev.events.is_empty() {
+            continue;
+        }
+        devices.push(analyze_device(tl, dev, opts)?);
+    }
+    if let Some(d) = opts.device {
+        if devices.is_empty() {
+            let have: Vec<String> = tl.devices.iter().map(|d| d.device.to_string()).collect();
+            return Err(format!(
+                "--device {d}: no such device in the input (devices present: {})",
+                if have.is_empty() { "none".into() } else { have.join(", ") }
+            ));
+        }
+    }
+    Ok(Analysis {
+        schema_version: SCHEMA_VERSION,
+        tool: "oomdoc",
+        tool_version: env!("CARGO_PKG_VERSION"),
+        inputs: tl.inputs.clone(),
+        devices,
+        allocator_settings: tl.settings.clone(),
+        capture: tl.capture.clone(),
+        findings: Vec::new(),
+    })
+}
+
+fn analyze_device(tl: &Timeline, dev: &DeviceTimeline, opts: &Options) -> Result<DeviceReport, String> {
+    let replay = Replay::new(dev, tl.settings.as_ref());
+    let events = &dev.events;
+    let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
+    let oom_count = events.iter().filter(|e| e.action == Action::Oom).count();
+    let last = (!events.is_empty()).then(|| events.len() as u32 - 1);
+    let (moment, idx): (&'static str, Option<u32>) = match &opts.at {
+        At::Auto => match last_oom {
+            Some(i) => ("oom", Some(i)),
+            None if events.is_empty() => ("end", None),
+            None => ("peak", replay.peak_allocated.1),
+        },
+        At::Oom => match last_oom {
+            Some(i) => ("oom", Some(i)),
+            None => return Err(format!("--at oom: device {} has no OOM event in its trace", dev.device)),
+        },
+        At::Peak => ("peak", replay.peak_allocated.1),
+        At::End => ("end", last),
+        At::Event(n) => {
+            if (*n as usize) >= events.len() {
+                return Err(format!("--at event:{n}: device {} has {} trace events", dev.device, events.len()));
+            }
+            ("time", Some(*n))
+        }
+        At::Offset(us) => {
+            let t0 = events.iter().find_map(|e| e.time_us).ok_or_else(|| {
+                format!("--at with a time: device {}'s trace has no timestamps (torch < 2.2); use event:N", dev.device)
+            })?;
+            let i = events.iter().rposition(|e| e.time_us.is_some_and(|t| t <= t0 + us));
+            ("time", i.map(|i| i as u32))
+        }
+    };
+    let state = if events.is_empty() { State::from_segments(&dev.segments) } else { replay.state_at(idx) };
+    let time_us = idx.and_then(|i| events[i as usize].time_us);
+    let end = if events.is_empty() {
+        Totals { allocated_bytes: state.allocated, reserved_bytes: state.reserved, active_bytes: state.active }
+    } else {
+        let f = State::from_segments(&dev.segments);
+        Totals { allocated_bytes: f.allocated, reserved_bytes: f.reserved, active_bytes: f.active }
+    };
+
+    let free_by_pool = free_by_pool(&state);
+    let oom = (moment == "oom").then(|| idx).flatten().map(|i| {
+        let e = &events[i as usize];
+        let pool = if e.size <= 1 << 20 { PoolKind::Small } else { PoolKind::Large };
+        let (mut free, mut largest) = (0, 0);
+        for p in &free_by_pool {
+            let same_pool = p.pool == pool_name(Some(pool)) || p.pool == "unknown";
+            if same_pool && p.stream == e.stream {
+                free += p.free_bytes;
+                largest = largest.max(p.largest_free_block_bytes);
+            }
+        }
+        OomReport {
+            requested_bytes: e.size,
+            device_free_bytes: e.device_free,
+            time_us: e.time_us,
+            event_index: i,
+            stream: e.stream,
+            pool: pool_name(Some(pool)),
+            cached_free_in_pool_bytes: free,
+            largest_free_in_pool_bytes: largest,
+            fits_in_cached_free: e.size <= free,
+            stack: stack_frames(tl, e.stack).iter().map(FrameView::full).collect(),
+            culprit: culprit(tl, e.stack),
+        }
+    });
+
+    let now = time_us.or_else(|| events.iter().rev().find_map(|e| e.time_us));
+    let mut live: Vec<Allocation> = state
+        .allocated_blocks()
+        .map(|(seg, addr, b)| Allocation {
+            bytes: b.size,
+            requested_bytes: b.requested,
+            address: addr,
+            stream: seg.stream,
+            event_index: b.alloc_event,
+            age_us: match (now, b.alloc_event.and_then(|i| events[i as usize].time_us)) {
+                (Some(n), Some(t)) => Some(n - t),
+                _ => None,
+            },
+            culprit: String::new(),
+            stack: Vec::new(),
+            stack_id: b.stack,
+        })
+        .collect();
+    live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.address.cmp(&b.address)));
+
+    let mut groups: FxHashMap<StackId, (u64, usize)> = FxHashMap::default();
+    for a in &live {
+        let g = groups.entry(a.stack_id).or_default();
+        g.0 += a.bytes;
+        g.1 += 1;
+    }
+    let mut by_stack: Vec<StackGroup> = groups
+        .into_iter()
+        .map(|(stack_id, (bytes, count))| StackGroup {
+            bytes,
+            count,
+            culprit: culprit(tl, stack_id),
+            stack: stack_frames(tl, stack_id).iter().map(FrameView::full).collect(),
+            stack_id,
+        })
+        .collect();
+    by_stack.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack_id.cmp(&b.stack_id)));
+    by_stack.truncate(opts.top);
+
+    let no_stack = live.iter().filter(|a| a.stack_id == EMPTY_STACK).fold((0usize, 0u64), |acc, a| (acc.0 + 1, acc.1 + a.bytes));
+    let live_count = live.len();
+    live.truncate(opts.top);
+    for a in &mut live {
+        a.culprit = culprit(tl, a.stack_id);
+        a.stack = stack_frames(tl, a.stack_id).iter().map(FrameView::full).collect();
+    }
+
+    let mut actions: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for e in events {
+        *actions.entry(e.action.name()).or_default() += 1;
+    }
+    let first_time_us = events.iter().find_map(|e| e.time_us);
+    let last_time_us = events.iter().rev().find_map(|e| e.time_us);
+    let trace = TraceReport {
+        entries: events.len(),
+        first_time_us,
+        last_time_us,
+        span_us: first_time_us.zip(last_time_us).map(|(a, b)| b - a),
+        actions,
+        complete: !events.is_empty() && replay.completeness.complete(),
+        frees_without_alloc: replay.completeness.frees_without_alloc,
+        live_without_alloc: replay.completeness.live_without_alloc,
+        replay_matches_file: (!events.is_empty()).then(|| replay.end_mismatch.is_none()),
+    };
+
+    let peak = (!events.is_empty()).then(|| PeakReport {
+        allocated_bytes: replay.peak_allocated.0,
+        event_index: replay.peak_allocated.1,
+        time_us: replay.peak_allocated.1.and_then(|i| events[i as usize].time_us),
+        reserved_bytes: replay.peak_reserved.0,
+    });
+
+    let notes = notes(tl, dev, &replay, &trace, no_stack, live_count, oom_count);
+    Ok(DeviceReport {
+        device: dev.device,
+        moment,
+        event_index: idx,
+        time_us,
+        allocated_bytes: state.allocated,
+        reserved_bytes: state.reserved,
+        active_bytes: state.active,
+        pending_free_bytes: state.active - state.allocated,
+        reserved_unallocated_bytes: state.reserved.saturating_sub(state.allocated),
+        largest_free_block_bytes: state.largest_free_block(),
+        segments: state.segments.len(),
+        blocks: state.block_count(),
+        oom,
+        oom_count,
+        peak,
+        end,
+        free_by_pool,
+        top_allocations: live,
+        by_stack,
+        trace,
+        notes,
+    })
+}
+
+fn pool_name(kind: Option<PoolKind>) -> &'static str {
+    match kind {
+        Some(PoolKind::Small) => "small",
+        Some(PoolKind::Large) => "large",
+        None => "unknown",
+    }
+}
+
+fn free_by_pool(state: &State) -> Vec<PoolFree> {
+    let mut map: BTreeMap<(&'static str, u64, (i64, i64)), PoolFree> = BTreeMap::new();
+    for (seg, _, b) in state.free_blocks() {
+        let pool = pool_name(seg.kind);
+        let p = map.entry((pool, seg.stream, seg.pool_id)).or_insert(PoolFree {
+            pool,
+            stream: seg.stream,
+            pool_id: seg.pool_id,
+            free_bytes: 0,
+            largest_free_block_bytes: 0,
+            free_blocks: 0,
+        });
+        p.free_bytes += b.size;
+        p.largest_free_block_bytes = p.largest_free_block_bytes.max(b.size);
+        p.free_blocks += 1;
+    }
+    let mut v: Vec<PoolFree> = map.into_values().collect();
+    v.sort_by(|a, b| b.free_bytes.cmp(&a.free_bytes));
+    v
+}
+
+fn notes(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    replay: &Replay,
+    trace: &TraceReport,
+    no_stack: (usize, u64),
+    live_count: usize,
+    oom_count: usize,
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    if dev.events.is_empty() {
+        notes.push(
+            "The file holds the allocator state only, no trace of events: nothing says when memory was allocated \
+             or what the peak was. Record with torch.cuda.memory._record_memory_history(max_entries=100000) before \
+             the failing step."
+                .into(),
+        );
+    } else if !trace.complete {
+        let c = &replay.completeness;
+        notes.push(format!(
+            "The trace does not reach back to the start of the program: {} frees of allocations made before it, \
+             {} blocks live at the end that it never saw allocated, {} segments it never saw created. The ring \
+             buffer wrapped (or recording started late); the state before its first event was rebuilt from the \
+             file's final segments. Raise max_entries in _record_memory_history to keep more.",
+            c.frees_without_alloc, c.live_without_alloc, c.segments_without_alloc
+        ));
+    }
+    if no_stack.0 > 0 && live_count > 0 {
+        notes.push(format!(
+            "{} of {} live allocations ({}) have no stack recorded{}. Record with \
+             _record_memory_history(context=\"all\", stacks=\"python\") to see who allocated them.",
+            no_stack.0,
+            live_count,
+            bytes(no_stack.1),
+            if tl.capture.block_stacks {
+                " (allocations on the autograd thread often lack Python frames with stacks=\"python\")"
+            } else {
+                ""
+            }
+        ));
+    }
+    if let Some(m) = &replay.end_mismatch {
+        notes.push(format!(
+            "Replaying the trace does not land exactly on the file's final segments ({m}); figures at moments \
+             other than the end are approximate."
+        ));
+    }
+    if !replay.anomalies.is_empty() && replay.end_mismatch.is_some() {
+        let a = &replay.anomalies[0];
+        notes.push(format!(
+            "{} trace events could not be replayed as the allocator would have; the first, event {}: {}.",
+            replay.anomalies.len(),
+            a.event,
+            a.what
+        ));
+    }
+    let bad_sums = dev
+        .segments
+        .iter()
+        .filter(|s| {
+            let alloc: u64 =
+                s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.size).sum();
+            let active: u64 = s.blocks.iter().filter(|b| b.state != BlockState::Inactive).map(|b| b.size).sum();
+            let total: u64 = s.blocks.iter().map(|b| b.size).sum();
+            s.declared_allocated.is_some_and(|d| d != alloc)
+                || s.declared_active.is_some_and(|d| d != active)
+                || total != s.total_size
+        })
+        .count();
+    if bad_sums > 0 {
+        notes.push(format!(
+            "{bad_sums} segments state totals that differ from the sum of their blocks; the block-level figures \
+             are used."
+        ));
+    }
+    if oom_count > 1 {
+        notes.push(format!(
+            "The trace holds {oom_count} OOMs: the program caught earlier ones and carried on. The last one is \
+             shown."
+        ));
+    }
+    if let Some(span) = trace.span_us {
+        if span == 0 && trace.entries > 1 {
+            notes.push("Every trace event has the same timestamp.".into());
+        }
+    }
+    let _ = duration_us;
+    notes
+}

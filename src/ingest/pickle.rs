@@ -1,0 +1,1008 @@
+//! A safe, streaming, non-executing pickle reader.
+//!
+//! Pickles are programs for a small stack machine; Python's `pickle.load` will import and call anything a file
+//! names. This reader implements only the data opcodes: every opcode that would import a name or call an object
+//! (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, NEWOBJ_EX, PERSID, BINPERSID, EXT1/2/4) and the
+//! out-of-band buffer opcodes are refused with the opcode's name and byte offset.
+//!
+//! Two things make it fast and frugal on multi-GB memory snapshots:
+//! - the input is streamed through a fixed buffer, never held whole;
+//! - a [`Builder`] sees each dict and list the moment its items are complete and may replace it by a compact
+//!   value of its own ([`Value::Custom`]) — the snapshot reader turns frame dicts into interned frame ids and trace
+//!   entries into plain structs, so no generic tree of millions of small dicts is ever built.
+//!
+//! Memo references share values (an `Rc` clone, or a copy of a small inline value), never deep copies, so a
+//! "billion laughs" pickle costs memory linear in its size. Container nesting is capped.
+
+use std::cell::RefCell;
+use std::io::Read;
+use std::rc::Rc;
+
+use rustc_hash::FxHashMap;
+
+use crate::timeline::stacks::{StrId, Strings};
+
+/// Containers nested deeper than this are refused. A memory snapshot nests at most ~8 levels.
+pub const MAX_DEPTH: u32 = 256;
+/// The pickler emits list/dict items in batches of this size; a container closed with a full batch may receive more.
+const BATCH: usize = 1000;
+const NO_SLOT: u32 = u32::MAX;
+const BUF_SIZE: usize = 1 << 20;
+
+/// A value on the pickle machine's stack. 16 bytes: inline scalars, `Rc` for containers.
+#[derive(Clone, Debug)]
+pub enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An integer that does not fit in i64: little-endian two's complement bytes, as LONG1/LONG4 store them.
+    BigInt(Rc<[u8]>),
+    Float(f64),
+    Str(StrId),
+    Bytes(Rc<[u8]>),
+    /// A 2-tuple of small ints, the shape of every pool id; kept inline to save an allocation per trace entry.
+    IntPair(i32, i32),
+    Tuple(Rc<Tuple>),
+    List(Rc<RefCell<List>>),
+    /// A dict: keys and values interleaved, `[k0, v0, k1, v1, ...]`.
+    Dict(Rc<RefCell<Dict>>),
+    /// An empty list not yet given items; the number is its memo slot (or none). Materialised on first use.
+    PendingList(u32),
+    /// An empty dict not yet given items (see `PendingList`).
+    PendingDict(u32),
+    /// A value the [`Builder`] made from a closed container: `(kind, id)`, meaning is the builder's.
+    Custom(u8, u32),
+}
+
+#[derive(Debug, Default)]
+pub struct Tuple {
+    pub depth: u32,
+    pub items: Vec<Value>,
+}
+
+#[derive(Debug, Default)]
+pub struct List {
+    pub depth: u32,
+    pub items: Vec<Value>,
+}
+
+#[derive(Debug, Default)]
+pub struct Dict {
+    pub depth: u32,
+    /// Keys and values interleaved.
+    pub items: Vec<Value>,
+}
+
+impl Value {
+    fn depth(&self) -> u32 {
+        match self {
+            Value::Tuple(t) => t.depth,
+            Value::List(l) => l.borrow().depth,
+            Value::Dict(d) => d.borrow().depth,
+            Value::PendingList(_) | Value::PendingDict(_) => 1,
+            _ => 0,
+        }
+    }
+
+    /// A short name of the value's type, for error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "a bool",
+            Value::Int(_) | Value::BigInt(_) => "an int",
+            Value::Float(_) => "a float",
+            Value::Str(_) => "a str",
+            Value::Bytes(_) => "bytes",
+            Value::IntPair(..) | Value::Tuple(_) => "a tuple",
+            Value::List(_) | Value::PendingList(_) => "a list",
+            Value::Dict(_) | Value::PendingDict(_) => "a dict",
+            Value::Custom(..) => "a structured record",
+        }
+    }
+
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            Value::Int(i) => Some(*i),
+            Value::Bool(b) => Some(*b as i64),
+            _ => None,
+        }
+    }
+
+    /// The value as u64: non-negative ints, including those wider than i64 that still fit in 64 bits.
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            Value::Int(i) if *i >= 0 => Some(*i as u64),
+            Value::BigInt(bytes) => {
+                let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
+                if negative {
+                    return None;
+                }
+                let significant = bytes.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+                if significant > 8 {
+                    return None;
+                }
+                let mut le = [0u8; 8];
+                le[..significant].copy_from_slice(&bytes[..significant]);
+                Some(u64::from_le_bytes(le))
+            }
+            _ => None,
+        }
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Value::Float(f) => Some(*f),
+            Value::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+
+    pub fn as_str_id(&self) -> Option<StrId> {
+        match self {
+            Value::Str(s) => Some(*s),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Value::Bool(b) => Some(*b),
+            Value::Int(i) => Some(*i != 0),
+            _ => None,
+        }
+    }
+
+    /// Items of a list-like value (list, tuple, pending empty list); `None` for anything else.
+    pub fn list_items(&self) -> Option<ListItems<'_>> {
+        match self {
+            Value::List(l) => Some(ListItems::Borrowed(l.borrow())),
+            Value::Tuple(t) => Some(ListItems::Slice(&t.items)),
+            Value::PendingList(_) => Some(ListItems::Slice(&[])),
+            _ => None,
+        }
+    }
+
+    /// Interleaved key/value items of a dict (or a pending empty dict); `None` for anything else.
+    pub fn dict_items(&self) -> Option<ListItems<'_>> {
+        match self {
+            Value::Dict(d) => Some(ListItems::BorrowedDict(d.borrow())),
+            Value::PendingDict(_) => Some(ListItems::Slice(&[])),
+            _ => None,
+        }
+    }
+}
+
+/// Borrowed items of a container.
+pub enum ListItems<'a> {
+    Borrowed(std::cell::Ref<'a, List>),
+    BorrowedDict(std::cell::Ref<'a, Dict>),
+    Slice(&'a [Value]),
+}
+
+impl std::ops::Deref for ListItems<'_> {
+    type Target = [Value];
+    fn deref(&self) -> &[Value] {
+        match self {
+            ListItems::Borrowed(l) => &l.items,
+            ListItems::BorrowedDict(d) => &d.items,
+            ListItems::Slice(s) => s,
+        }
+    }
+}
+
+/// Looks a key up in interleaved dict items.
+pub fn dict_get<'a>(items: &'a [Value], key: StrId) -> Option<&'a Value> {
+    items
+        .chunks_exact(2)
+        .find(|kv| matches!(kv[0], Value::Str(k) if k == key))
+        .map(|kv| &kv[1])
+}
+
+/// Hooks that see containers as they close and may replace them with compact values.
+pub trait Builder {
+    /// `items` are the dict's keys and values interleaved. Return `Ok(Some(v))` to stand `v` in for the dict,
+    /// `Ok(None)` to keep a generic dict, `Err(message)` if the dict has the expected shape but bad contents.
+    fn close_dict(&mut self, strings: &Strings, items: &[Value]) -> Result<Option<Value>, String>;
+    /// As `close_dict`, for a list.
+    fn close_list(&mut self, items: &[Value]) -> Option<Value>;
+}
+
+/// A builder that keeps everything generic.
+pub struct PlainBuilder;
+
+impl Builder for PlainBuilder {
+    fn close_dict(&mut self, _: &Strings, _: &[Value]) -> Result<Option<Value>, String> {
+        Ok(None)
+    }
+    fn close_list(&mut self, _: &[Value]) -> Option<Value> {
+        None
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PickleError {
+    #[error("the file is empty; expected a pickle (it starts with byte 0x80, the PROTO opcode)")]
+    Empty,
+    #[error(
+        "byte 0: expected a pickle (first byte 0x80, the PROTO opcode), found {found}; this is not a pickle file"
+    )]
+    NotAPickle { found: String },
+    #[error(
+        "byte {offset}: opcode {name} (0x{op:02x}) would import or call Python code; oomdoc never executes a \
+         pickle, and a genuine memory snapshot holds only plain data"
+    )]
+    Forbidden { offset: u64, op: u8, name: &'static str },
+    #[error("byte {offset}: unknown pickle opcode 0x{op:02x}; the file is corrupt or not a pickle")]
+    UnknownOpcode { offset: u64, op: u8 },
+    #[error("the file ends at byte {offset} inside {what}: it is truncated")]
+    Truncated { offset: u64, what: &'static str },
+    #[error("byte {offset}: {message}")]
+    Malformed { offset: u64, message: String },
+    #[error(
+        "byte {offset}: containers nested more than {MAX_DEPTH} levels deep (a memory snapshot nests fewer than \
+         10); refusing a corrupt or hostile pickle"
+    )]
+    TooDeep { offset: u64 },
+    #[error("read error at byte {offset}: {source}")]
+    Io { offset: u64, source: std::io::Error },
+}
+
+/// Buffered input that hands out slices and keeps track of the file offset.
+struct Input<R> {
+    src: R,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    /// File offset of `buf[0]`.
+    base: u64,
+    eof: bool,
+    progress: Option<Box<dyn FnMut(u64) + 'static>>,
+}
+
+impl<R: Read> Input<R> {
+    fn new(src: R) -> Self {
+        Input { src, buf: vec![0; BUF_SIZE], pos: 0, end: 0, base: 0, eof: false, progress: None }
+    }
+
+    #[inline]
+    fn offset(&self) -> u64 {
+        self.base + self.pos as u64
+    }
+
+    /// Makes at least `n` bytes available at `pos`, unless the input ends first. Returns whether it could.
+    #[cold]
+    fn fill(&mut self, n: usize) -> Result<bool, PickleError> {
+        if self.pos > 0 {
+            self.buf.copy_within(self.pos..self.end, 0);
+            self.base += self.pos as u64;
+            self.end -= self.pos;
+            self.pos = 0;
+        }
+        if n > self.buf.len() {
+            // A long string: grow step by step so a lying length prefix cannot make us allocate more than the
+            // file actually holds (plus one buffer).
+            let want = n.min(self.buf.len().saturating_mul(2)).max(self.buf.len());
+            self.buf.resize(want, 0);
+        }
+        while self.end < n && !self.eof {
+            if self.end == self.buf.len() {
+                let grow = self.buf.len().min(n - self.end).max(BUF_SIZE);
+                self.buf.resize(self.buf.len() + grow, 0);
+            }
+            match self.src.read(&mut self.buf[self.end..]) {
+                Ok(0) => self.eof = true,
+                Ok(k) => self.end += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(PickleError::Io { offset: self.base + self.end as u64, source: e }),
+            }
+        }
+        if let Some(p) = self.progress.as_mut() {
+            p(self.base + self.end as u64);
+        }
+        Ok(self.end >= n)
+    }
+
+    #[inline]
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], PickleError> {
+        if self.end - self.pos < n && !self.fill(n)? {
+            return Err(PickleError::Truncated { offset: self.base + self.end as u64, what });
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    #[inline]
+    fn byte(&mut self, what: &'static str) -> Result<u8, PickleError> {
+        if self.pos < self.end {
+            let b = self.buf[self.pos];
+            self.pos += 1;
+            return Ok(b);
+        }
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn line(&mut self, what: &'static str) -> Result<Vec<u8>, PickleError> {
+        let mut out = Vec::new();
+        loop {
+            let b = self.byte(what)?;
+            if b == b'\n' {
+                return Ok(out);
+            }
+            out.push(b);
+            if out.len() > 1 << 20 {
+                return Err(PickleError::Malformed {
+                    offset: self.offset(),
+                    message: format!("a text-protocol {what} longer than 1 MiB"),
+                });
+            }
+        }
+    }
+}
+
+/// What [`read`] returns: the top-level value and the string table its `Str` values index.
+pub struct Parsed {
+    pub value: Value,
+    pub strings: Strings,
+    pub protocol: u8,
+    pub bytes_read: u64,
+}
+
+/// Memo: dense while the pickler numbers entries 0, 1, 2, … (it always does), sparse otherwise so a hostile
+/// index like 0xFFFFFFF0 costs one map entry, not 64 GB.
+#[derive(Default)]
+struct Memo {
+    dense: Vec<Value>,
+    sparse: FxHashMap<u32, Value>,
+}
+
+impl Memo {
+    #[inline]
+    fn put(&mut self, idx: u32, v: Value) {
+        let i = idx as usize;
+        if i < self.dense.len() {
+            self.dense[i] = v;
+        } else if i == self.dense.len() {
+            self.dense.push(v);
+        } else {
+            self.sparse.insert(idx, v);
+        }
+    }
+    #[inline]
+    fn get(&self, idx: u32) -> Option<&Value> {
+        self.dense.get(idx as usize).or_else(|| self.sparse.get(&idx))
+    }
+    fn get_mut(&mut self, idx: u32) -> Option<&mut Value> {
+        match self.dense.get_mut(idx as usize) {
+            Some(v) => Some(v),
+            None => self.sparse.get_mut(&idx),
+        }
+    }
+    fn len(&self) -> usize {
+        self.dense.len() + self.sparse.len()
+    }
+}
+
+struct Machine<'b, B> {
+    stack: Vec<Value>,
+    marks: Vec<usize>,
+    memo: Memo,
+    strings: Strings,
+    builder: &'b mut B,
+}
+
+/// Reads one pickle from `src`, handing closed containers to `builder`.
+pub fn read<R: Read, B: Builder>(
+    src: R,
+    builder: &mut B,
+    strings: Strings,
+    progress: Option<Box<dyn FnMut(u64)>>,
+) -> Result<Parsed, PickleError> {
+    let mut input = Input::new(src);
+    input.progress = progress;
+    if !input.fill(2)? {
+        if input.end == 0 {
+            return Err(PickleError::Empty);
+        }
+        return Err(PickleError::NotAPickle { found: describe_byte(input.buf[0]) });
+    }
+    if input.buf[0] != 0x80 {
+        return Err(PickleError::NotAPickle { found: describe_byte(input.buf[0]) });
+    }
+    let protocol = input.buf[1];
+    if protocol > 5 {
+        return Err(PickleError::Malformed {
+            offset: 1,
+            message: format!("pickle protocol {protocol} is newer than any known (0–5)"),
+        });
+    }
+    let mut m = Machine { stack: Vec::with_capacity(64), marks: Vec::new(), memo: Memo::default(), strings, builder };
+    let value = m.run(&mut input)?;
+    Ok(Parsed { value, strings: m.strings, protocol, bytes_read: input.offset() })
+}
+
+fn describe_byte(b: u8) -> String {
+    if b.is_ascii_graphic() {
+        format!("0x{b:02x} ('{}')", b as char)
+    } else {
+        format!("0x{b:02x}")
+    }
+}
+
+fn forbidden_name(op: u8) -> Option<&'static str> {
+    Some(match op {
+        b'c' => "GLOBAL",
+        0x93 => "STACK_GLOBAL",
+        b'R' => "REDUCE",
+        b'b' => "BUILD",
+        b'i' => "INST",
+        b'o' => "OBJ",
+        0x81 => "NEWOBJ",
+        0x92 => "NEWOBJ_EX",
+        b'P' => "PERSID",
+        b'Q' => "BINPERSID",
+        0x82 => "EXT1",
+        0x83 => "EXT2",
+        0x84 => "EXT4",
+        _ => return None,
+    })
+}
+
+impl<B: Builder> Machine<'_, B> {
+    fn err(offset: u64, message: impl Into<String>) -> PickleError {
+        PickleError::Malformed { offset, message: message.into() }
+    }
+
+    #[inline]
+    fn pop(&mut self, off: u64, what: &str) -> Result<Value, PickleError> {
+        self.stack.pop().ok_or_else(|| Self::err(off, format!("{what} needs a value but the stack is empty")))
+    }
+
+    #[inline]
+    fn pop_mark(&mut self, off: u64, what: &str) -> Result<usize, PickleError> {
+        let m = self.marks.pop().ok_or_else(|| Self::err(off, format!("{what} without a preceding MARK")))?;
+        if m > self.stack.len() {
+            return Err(Self::err(off, format!("{what}: MARK points past the stack")));
+        }
+        Ok(m)
+    }
+
+    fn run<R: Read>(&mut self, input: &mut Input<R>) -> Result<Value, PickleError> {
+        loop {
+            let off = input.offset();
+            let op = input.byte("an opcode")?;
+            match op {
+                0x80 => {
+                    input.byte("PROTO")?;
+                }
+                0x95 => {
+                    input.take(8, "FRAME")?;
+                }
+                b'.' => {
+                    let v = self.pop(off, "STOP")?;
+                    return Ok(v);
+                }
+                b'(' => self.marks.push(self.stack.len()),
+                b'N' => self.stack.push(Value::None),
+                0x88 => self.stack.push(Value::Bool(true)),
+                0x89 => self.stack.push(Value::Bool(false)),
+                b'J' => {
+                    let b = input.take(4, "BININT")?;
+                    self.stack.push(Value::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64));
+                }
+                b'K' => {
+                    let b = input.byte("BININT1")?;
+                    self.stack.push(Value::Int(b as i64));
+                }
+                b'M' => {
+                    let b = input.take(2, "BININT2")?;
+                    self.stack.push(Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64));
+                }
+                0x8a => {
+                    let n = input.byte("LONG1")? as usize;
+                    let b = input.take(n, "LONG1")?;
+                    self.stack.push(long_value(b));
+                }
+                0x8b => {
+                    let b = input.take(4, "LONG4")?;
+                    let n = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    if n < 0 {
+                        return Err(Self::err(off, "LONG4 with a negative length"));
+                    }
+                    let b = input.take(n as usize, "LONG4")?;
+                    self.stack.push(long_value(b));
+                }
+                b'G' => {
+                    let b = input.take(8, "BINFLOAT")?;
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(b);
+                    self.stack.push(Value::Float(f64::from_be_bytes(a)));
+                }
+                0x8c => {
+                    let n = input.byte("SHORT_BINUNICODE")? as usize;
+                    let b = input.take(n, "SHORT_BINUNICODE")?;
+                    let id = self.strings.intern_bytes(b);
+                    self.stack.push(Value::Str(id));
+                }
+                b'X' => {
+                    let b = input.take(4, "BINUNICODE")?;
+                    let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+                    let b = input.take(n, "BINUNICODE")?;
+                    let id = self.strings.intern_bytes(b);
+                    self.stack.push(Value::Str(id));
+                }
+                0x8d => {
+                    let n = len8(input, "BINUNICODE8")?;
+                    let b = input.take(n, "BINUNICODE8")?;
+                    let id = self.strings.intern_bytes(b);
+                    self.stack.push(Value::Str(id));
+                }
+                // Python 2 `str`: bytes on the wire; a snapshot never has them, decode leniently as text.
+                b'U' => {
+                    let n = input.byte("SHORT_BINSTRING")? as usize;
+                    let b = input.take(n, "SHORT_BINSTRING")?;
+                    let id = self.strings.intern_bytes(b);
+                    self.stack.push(Value::Str(id));
+                }
+                b'T' => {
+                    let b = input.take(4, "BINSTRING")?;
+                    let n = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    if n < 0 {
+                        return Err(Self::err(off, "BINSTRING with a negative length"));
+                    }
+                    let b = input.take(n as usize, "BINSTRING")?;
+                    let id = self.strings.intern_bytes(b);
+                    self.stack.push(Value::Str(id));
+                }
+                b'C' => {
+                    let n = input.byte("SHORT_BINBYTES")? as usize;
+                    let b = input.take(n, "SHORT_BINBYTES")?;
+                    self.stack.push(Value::Bytes(b.into()));
+                }
+                b'B' => {
+                    let b = input.take(4, "BINBYTES")?;
+                    let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+                    let b = input.take(n, "BINBYTES")?;
+                    self.stack.push(Value::Bytes(b.into()));
+                }
+                0x8e | 0x96 => {
+                    let what = if op == 0x8e { "BINBYTES8" } else { "BYTEARRAY8" };
+                    let n = len8(input, what)?;
+                    let b = input.take(n, what)?;
+                    self.stack.push(Value::Bytes(b.into()));
+                }
+                // Text-protocol (0/1) scalars.
+                b'I' | b'L' => {
+                    let what = if op == b'I' { "INT" } else { "LONG" };
+                    let line = input.line(what)?;
+                    self.stack.push(text_int(&line).ok_or_else(|| {
+                        Self::err(off, format!("{what}: not an integer: {:?}", String::from_utf8_lossy(&line)))
+                    })?);
+                }
+                b'F' => {
+                    let line = input.line("FLOAT")?;
+                    let f: f64 = std::str::from_utf8(&line)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .ok_or_else(|| Self::err(off, "FLOAT: not a number"))?;
+                    self.stack.push(Value::Float(f));
+                }
+                b'S' => {
+                    let line = input.line("STRING")?;
+                    let t = line.strip_prefix(b"'").and_then(|l| l.strip_suffix(b"'"));
+                    let t = t.or_else(|| line.strip_prefix(b"\"").and_then(|l| l.strip_suffix(b"\"")));
+                    let t = t.ok_or_else(|| Self::err(off, "STRING: not a quoted string"))?;
+                    let id = self.strings.intern_bytes(t);
+                    self.stack.push(Value::Str(id));
+                }
+                b'V' => {
+                    let line = input.line("UNICODE")?;
+                    let id = self.strings.intern_bytes(&line);
+                    self.stack.push(Value::Str(id));
+                }
+                // Containers.
+                b'}' => self.stack.push(Value::PendingDict(NO_SLOT)),
+                b']' => self.stack.push(Value::PendingList(NO_SLOT)),
+                0x8f => self.stack.push(Value::PendingList(NO_SLOT)), // EMPTY_SET: read as a list
+                b')' => self.stack.push(Value::Tuple(Rc::new(Tuple::default()))),
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    if self.stack.len() < n {
+                        return Err(Self::err(off, "TUPLE1/2/3 needs more values than the stack holds"));
+                    }
+                    let at = self.stack.len() - n;
+                    let t = self.make_tuple(at, off)?;
+                    self.stack.push(t);
+                }
+                b't' => {
+                    let at = self.pop_mark(off, "TUPLE")?;
+                    let t = self.make_tuple(at, off)?;
+                    self.stack.push(t);
+                }
+                b'l' | 0x91 => {
+                    let at = self.pop_mark(off, "LIST")?;
+                    self.stack.push(Value::PendingList(NO_SLOT));
+                    self.extend_list(at, self.stack.len() - 1, off)?;
+                }
+                b'd' => {
+                    let at = self.pop_mark(off, "DICT")?;
+                    self.stack.push(Value::PendingDict(NO_SLOT));
+                    self.extend_dict(at, self.stack.len() - 1, off)?;
+                }
+                b'a' => {
+                    if self.stack.len() < 2 {
+                        return Err(Self::err(off, "APPEND needs a list and a value"));
+                    }
+                    let at = self.stack.len() - 1;
+                    self.extend_list(at, at - 1, off)?;
+                }
+                b'e' | 0x90 => {
+                    let at = self.pop_mark(off, "APPENDS")?;
+                    if at == 0 {
+                        return Err(Self::err(off, "APPENDS with no list below the MARK"));
+                    }
+                    self.extend_list(at, at - 1, off)?;
+                }
+                b's' => {
+                    if self.stack.len() < 3 {
+                        return Err(Self::err(off, "SETITEM needs a dict, a key and a value"));
+                    }
+                    let at = self.stack.len() - 2;
+                    self.extend_dict(at, at - 1, off)?;
+                }
+                b'u' => {
+                    let at = self.pop_mark(off, "SETITEMS")?;
+                    if at == 0 {
+                        return Err(Self::err(off, "SETITEMS with no dict below the MARK"));
+                    }
+                    self.extend_dict(at, at - 1, off)?;
+                }
+                // Stack manipulation.
+                b'0' => {
+                    if self.marks.last() == Some(&self.stack.len()) {
+                        self.marks.pop();
+                    } else {
+                        self.pop(off, "POP")?;
+                    }
+                }
+                b'1' => {
+                    let at = self.pop_mark(off, "POP_MARK")?;
+                    self.stack.truncate(at);
+                }
+                b'2' => {
+                    let top = self.stack.last().cloned().ok_or_else(|| Self::err(off, "DUP on an empty stack"))?;
+                    self.stack.push(top);
+                }
+                // Memo.
+                0x94 => {
+                    let idx = self.memo.len() as u32;
+                    self.memoize(idx, off)?;
+                }
+                b'q' => {
+                    let idx = input.byte("BINPUT")? as u32;
+                    self.memoize(idx, off)?;
+                }
+                b'r' => {
+                    let b = input.take(4, "LONG_BINPUT")?;
+                    self.memoize(u32::from_le_bytes([b[0], b[1], b[2], b[3]]), off)?;
+                }
+                b'p' => {
+                    let line = input.line("PUT")?;
+                    let idx = text_index(&line).ok_or_else(|| Self::err(off, "PUT: bad memo index"))?;
+                    self.memoize(idx, off)?;
+                }
+                b'h' => {
+                    let idx = input.byte("BINGET")? as u32;
+                    self.recall(idx, off)?;
+                }
+                b'j' => {
+                    let b = input.take(4, "LONG_BINGET")?;
+                    self.recall(u32::from_le_bytes([b[0], b[1], b[2], b[3]]), off)?;
+                }
+                b'g' => {
+                    let line = input.line("GET")?;
+                    let idx = text_index(&line).ok_or_else(|| Self::err(off, "GET: bad memo index"))?;
+                    self.recall(idx, off)?;
+                }
+                0x97 | 0x98 => {
+                    let name = if op == 0x97 { "NEXT_BUFFER" } else { "READONLY_BUFFER" };
+                    return Err(Self::err(
+                        off,
+                        format!("opcode {name} (0x{op:02x}) refers to an out-of-band buffer; a memory snapshot has none"),
+                    ));
+                }
+                _ => {
+                    if let Some(name) = forbidden_name(op) {
+                        return Err(PickleError::Forbidden { offset: off, op, name });
+                    }
+                    return Err(PickleError::UnknownOpcode { offset: off, op });
+                }
+            }
+        }
+    }
+
+    fn make_tuple(&mut self, at: usize, off: u64) -> Result<Value, PickleError> {
+        let items = &self.stack[at..];
+        if let [Value::Int(a), Value::Int(b)] = items {
+            if let (Ok(a), Ok(b)) = (i32::try_from(*a), i32::try_from(*b)) {
+                self.stack.truncate(at);
+                return Ok(Value::IntPair(a, b));
+            }
+        }
+        let depth = items.iter().map(Value::depth).max().unwrap_or(0) + 1;
+        if depth > MAX_DEPTH {
+            return Err(PickleError::TooDeep { offset: off });
+        }
+        let items = self.stack.split_off(at);
+        Ok(Value::Tuple(Rc::new(Tuple { depth, items })))
+    }
+
+    fn memoize(&mut self, idx: u32, off: u64) -> Result<(), PickleError> {
+        let top = self.stack.last_mut().ok_or_else(|| Self::err(off, "memo store with an empty stack"))?;
+        match top {
+            // A pending container learns its slot so the memo can be updated when it closes.
+            Value::PendingList(slot) | Value::PendingDict(slot) if *slot == NO_SLOT => {
+                *slot = idx;
+            }
+            _ => {}
+        }
+        let v = top.clone();
+        self.memo.put(idx, v);
+        Ok(())
+    }
+
+    fn recall(&mut self, idx: u32, off: u64) -> Result<(), PickleError> {
+        let v = match self.memo.get(idx) {
+            Some(v) => v.clone(),
+            None => return Err(Self::err(off, format!("memo reference {idx} to a value never stored"))),
+        };
+        // A reference to a container that is still being filled (only a self-referencing structure does that):
+        // give it real shared storage now, so both references see the same items.
+        let v = match v {
+            Value::PendingList(slot) if slot == idx => {
+                let l = Value::List(Rc::new(RefCell::new(List { depth: 1, items: Vec::new() })));
+                self.memo.put(idx, l.clone());
+                l
+            }
+            Value::PendingDict(slot) if slot == idx => {
+                let d = Value::Dict(Rc::new(RefCell::new(Dict { depth: 1, items: Vec::new() })));
+                self.memo.put(idx, d.clone());
+                d
+            }
+            v => v,
+        };
+        self.stack.push(v);
+        Ok(())
+    }
+
+    /// Moves `stack[at..]` into the list at `stack[target]`, letting the builder replace a list that closes.
+    fn extend_list(&mut self, at: usize, target: usize, off: u64) -> Result<(), PickleError> {
+        let n = self.stack.len() - at;
+        let item_depth = self.stack[at..].iter().map(Value::depth).max().unwrap_or(0);
+        if item_depth + 1 > MAX_DEPTH {
+            return Err(PickleError::TooDeep { offset: off });
+        }
+        match &self.stack[target] {
+            &Value::PendingList(slot) => {
+                let shared = if slot != NO_SLOT { self.memo.get(slot).cloned() } else { None };
+                if let Some(Value::List(rc)) = shared {
+                    let mut l = rc.borrow_mut();
+                    l.depth = l.depth.max(item_depth + 1);
+                    l.items.extend(self.stack.drain(at..));
+                    drop(l);
+                    self.stack[target] = Value::List(rc);
+                    return Ok(());
+                }
+                let replaced = if n < BATCH { self.builder.close_list(&self.stack[at..]) } else { None };
+                let v = match replaced {
+                    Some(v) => {
+                        self.stack.truncate(at);
+                        v
+                    }
+                    None => {
+                        let items = self.stack.split_off(at);
+                        Value::List(Rc::new(RefCell::new(List { depth: item_depth + 1, items })))
+                    }
+                };
+                if slot != NO_SLOT {
+                    if let Some(m) = self.memo.get_mut(slot) {
+                        *m = v.clone();
+                    }
+                }
+                self.stack[target] = v;
+            }
+            Value::List(rc) => {
+                let rc = rc.clone();
+                let mut l = rc.borrow_mut();
+                l.depth = l.depth.max(item_depth + 1);
+                l.items.extend(self.stack.drain(at..));
+            }
+            other => {
+                return Err(Self::err(off, format!("APPEND(S) onto {} instead of a list", other.type_name())));
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves key/value pairs `stack[at..]` into the dict at `stack[target]`, letting the builder replace it.
+    fn extend_dict(&mut self, at: usize, target: usize, off: u64) -> Result<(), PickleError> {
+        let n = self.stack.len() - at;
+        if n % 2 != 0 {
+            return Err(Self::err(off, "SETITEMS with an odd number of keys and values"));
+        }
+        let item_depth = self.stack[at..].iter().map(Value::depth).max().unwrap_or(0);
+        if item_depth + 1 > MAX_DEPTH {
+            return Err(PickleError::TooDeep { offset: off });
+        }
+        match &self.stack[target] {
+            &Value::PendingDict(slot) => {
+                let shared = if slot != NO_SLOT { self.memo.get(slot).cloned() } else { None };
+                if let Some(Value::Dict(rc)) = shared {
+                    let mut d = rc.borrow_mut();
+                    d.depth = d.depth.max(item_depth + 1);
+                    d.items.extend(self.stack.drain(at..));
+                    drop(d);
+                    self.stack[target] = Value::Dict(rc);
+                    return Ok(());
+                }
+                let replaced = if n / 2 < BATCH {
+                    self.builder.close_dict(&self.strings, &self.stack[at..]).map_err(|m| Self::err(off, m))?
+                } else {
+                    None
+                };
+                let v = match replaced {
+                    Some(v) => {
+                        self.stack.truncate(at);
+                        v
+                    }
+                    None => {
+                        let items = self.stack.split_off(at);
+                        Value::Dict(Rc::new(RefCell::new(Dict { depth: item_depth + 1, items })))
+                    }
+                };
+                if slot != NO_SLOT {
+                    if let Some(m) = self.memo.get_mut(slot) {
+                        *m = v.clone();
+                    }
+                }
+                self.stack[target] = v;
+            }
+            Value::Dict(rc) => {
+                let rc = rc.clone();
+                let mut d = rc.borrow_mut();
+                d.depth = d.depth.max(item_depth + 1);
+                d.items.extend(self.stack.drain(at..));
+            }
+            other => {
+                return Err(Self::err(off, format!("SETITEM(S) into {} instead of a dict", other.type_name())));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn len8<R: Read>(input: &mut Input<R>, what: &'static str) -> Result<usize, PickleError> {
+    let off = input.offset();
+    let b = input.take(8, what)?;
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    usize::try_from(u64::from_le_bytes(a))
+        .map_err(|_| PickleError::Malformed { offset: off, message: format!("{what}: length does not fit") })
+}
+
+fn long_value(b: &[u8]) -> Value {
+    if b.is_empty() {
+        return Value::Int(0);
+    }
+    if b.len() <= 8 {
+        let fill = if b[b.len() - 1] & 0x80 != 0 { 0xff } else { 0 };
+        let mut a = [fill; 8];
+        a[..b.len()].copy_from_slice(b);
+        return Value::Int(i64::from_le_bytes(a));
+    }
+    Value::BigInt(b.into())
+}
+
+fn text_int(line: &[u8]) -> Option<Value> {
+    let s = std::str::from_utf8(line).ok()?.trim().trim_end_matches('L');
+    match s {
+        "00" => return Some(Value::Bool(false)),
+        "01" => return Some(Value::Bool(true)),
+        _ => {}
+    }
+    if let Ok(i) = s.parse::<i64>() {
+        return Some(Value::Int(i));
+    }
+    // Wider than i64: keep it only if it fits u64 (the sole case a snapshot could need).
+    let u: u64 = s.parse().ok()?;
+    let mut bytes = u.to_le_bytes().to_vec();
+    bytes.push(0);
+    Some(Value::BigInt(bytes.into()))
+}
+
+fn text_index(line: &[u8]) -> Option<u32> {
+    std::str::from_utf8(line).ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(bytes: &[u8]) -> Result<Parsed, PickleError> {
+        read(bytes, &mut PlainBuilder, Strings::default(), None)
+    }
+
+    #[test]
+    fn reads_scalars_and_wide_ints() {
+        // 0x80 0x04 LONG1 9 bytes = 2**64 - 1, STOP
+        let mut p = vec![0x80, 4, 0x8a, 9];
+        p.extend_from_slice(&[0xff; 8]);
+        p.push(0);
+        p.push(b'.');
+        let v = parse(&p).unwrap().value;
+        assert_eq!(v.as_u64(), Some(u64::MAX));
+        // negative LONG1
+        let v = parse(&[0x80, 2, 0x8a, 1, 0xff, b'.']).unwrap().value;
+        assert_eq!(v.as_i64(), Some(-1));
+        // 17-byte integer, too wide for u64
+        let mut p = vec![0x80, 4, 0x8a, 17];
+        p.extend_from_slice(&[1; 17]);
+        p.push(b'.');
+        let v = parse(&p).unwrap().value;
+        assert!(matches!(v, Value::BigInt(_)) && v.as_u64().is_none());
+    }
+
+    #[test]
+    fn invalid_utf8_is_decoded_leniently() {
+        let p = [0x80, 4, 0x8c, 3, b'a', 0xff, b'b', b'.'];
+        let parsed = parse(&p).unwrap();
+        let id = parsed.value.as_str_id().unwrap();
+        assert_eq!(parsed.strings.get(id), "a\u{fffd}b");
+    }
+
+    #[test]
+    fn memo_shares_rather_than_copies() {
+        // [L, L] where L = [1] memoized: both items are the same Rc.
+        let p = [0x80, 4, b']', 0x94, b'(', b']', 0x94, b'K', 1, b'a', b'h', 1, b'e', b'.'];
+        let v = parse(&p).unwrap().value;
+        let items = v.list_items().unwrap();
+        match (&items[0], &items[1]) {
+            (Value::List(a), Value::List(b)) => assert!(Rc::ptr_eq(a, b)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn refuses_code_execution_opcodes() {
+        let p = b"\x80\x02cos\nsystem\nq\x00X\x0a\x00\x00\x00echo pwnedq\x01\x85q\x02Rq\x03.";
+        let e = parse(p).err().unwrap();
+        assert!(matches!(e, PickleError::Forbidden { name: "GLOBAL", offset: 2, .. }), "{e}");
+    }
+
+    #[test]
+    fn truncation_is_reported_with_offset() {
+        let e = parse(&[0x80, 4, 0x8c, 10, b'a']).err().unwrap();
+        assert!(matches!(e, PickleError::Truncated { offset: 5, .. }), "{e}");
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_overflowed() {
+        let mut p = vec![0x80, 4];
+        for _ in 0..10_000 {
+            p.push(b']');
+        }
+        for _ in 0..9_999 {
+            p.push(b'a');
+        }
+        p.push(b'.');
+        let e = parse(&p).err().unwrap();
+        assert!(matches!(e, PickleError::TooDeep { .. }), "{e}");
+    }
+
+    #[test]
+    fn sparse_memo_index_costs_one_entry() {
+        // LONG_BINPUT 0xFFFFFFF0 then LONG_BINGET it.
+        let p = [0x80, 4, b'K', 7, b'r', 0xf0, 0xff, 0xff, 0xff, b'0', b'j', 0xf0, 0xff, 0xff, 0xff, b'.'];
+        assert_eq!(parse(&p).unwrap().value.as_i64(), Some(7));
+    }
+}

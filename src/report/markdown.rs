@@ -1,0 +1,118 @@
+//! Markdown for an incident ticket (GitHub, GitLab, Jira's markdown): summary table first, detail collapsed.
+
+use std::fmt::Write;
+
+use super::{percent, stream_name, when};
+use crate::analysis::{stacks::folded, Analysis, DeviceReport};
+use crate::timeline::Timeline;
+use crate::units::{bytes, duration_us};
+
+/// Escapes text for a table cell or inline prose.
+fn esc(s: &str) -> String {
+    s.replace('|', "\\|").replace('<', "&lt;").replace('>', "&gt;").replace('*', "\\*").replace('_', "\\_")
+}
+
+pub fn render(a: &Analysis, tl: &Timeline) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "## GPU memory report (oomdoc {})\n", a.tool_version);
+    for i in &a.inputs {
+        let _ = writeln!(o, "- `{}` — {}, {}", i.path, esc(&i.format_version), bytes(i.bytes));
+    }
+    let _ = writeln!(o);
+    if a.devices.is_empty() {
+        let _ = writeln!(o, "No GPU memory in this file: no segments and no trace events.");
+        return o;
+    }
+    let _ = writeln!(
+        o,
+        "| GPU | moment | OOM request | allocated | reserved | cached free | largest free block | peak allocated |"
+    );
+    let _ = writeln!(o, "|---|---|---|---:|---:|---:|---:|---:|");
+    for d in &a.devices {
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} ({}) | {} | {} |",
+            d.device,
+            d.moment,
+            d.oom.as_ref().map_or("–".into(), |x| bytes(x.requested_bytes)),
+            bytes(d.allocated_bytes),
+            bytes(d.reserved_bytes),
+            bytes(d.reserved_unallocated_bytes),
+            percent(d.reserved_unallocated_bytes, d.reserved_bytes),
+            bytes(d.largest_free_block_bytes),
+            d.peak.as_ref().map_or("–".into(), |p| bytes(p.allocated_bytes)),
+        );
+    }
+    if !a.findings.is_empty() {
+        let _ = writeln!(o, "\n### Findings\n");
+        for f in &a.findings {
+            let _ = writeln!(o, "- **{}** ({}): {}  \n  Fix: {}", esc(&f.title), f.severity, esc(&f.message), esc(&f.fix));
+        }
+    }
+    for d in &a.devices {
+        device(&mut o, d, tl);
+    }
+    o
+}
+
+fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
+    let place = if d.trace.entries == 0 {
+        "the file's final state".to_string()
+    } else {
+        when(d.event_index, d.time_us, d.trace.first_time_us)
+    };
+    let _ = writeln!(o, "\n### GPU {} at {} ({place})\n", d.device, d.moment);
+    if let Some(oom) = &d.oom {
+        let _ = writeln!(
+            o,
+            "**OOM**: needed a {} block ({} pool, {}); cached free in that pool {}, largest free block {}{}.  ",
+            bytes(oom.requested_bytes),
+            oom.pool,
+            stream_name(oom.stream),
+            bytes(oom.cached_free_in_pool_bytes),
+            bytes(oom.largest_free_in_pool_bytes),
+            oom.device_free_bytes.map_or(String::new(), |f| format!("; the GPU had {} free", bytes(f))),
+        );
+        let _ = writeln!(o, "Requested by `{}`.\n", oom.culprit);
+    }
+    if !d.by_stack.is_empty() && d.allocated_bytes > 0 {
+        let _ = writeln!(o, "| live bytes | share | count | allocated by |");
+        let _ = writeln!(o, "|---:|---:|---:|---|");
+        for g in &d.by_stack {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | `{}` |",
+                bytes(g.bytes),
+                percent(g.bytes, d.allocated_bytes),
+                g.count,
+                g.culprit.replace('`', "'")
+            );
+        }
+        let _ = writeln!(o);
+    }
+    if !d.top_allocations.is_empty() {
+        let _ = writeln!(o, "<details><summary>Largest live allocations ({})</summary>\n", d.top_allocations.len());
+        for a in &d.top_allocations {
+            let age = a.age_us.map_or(String::new(), |us| format!(", age {}", duration_us(us)));
+            let _ = writeln!(o, "**{}**{age}, {}\n", bytes(a.bytes), stream_name(a.stream));
+            let _ = writeln!(o, "```");
+            let lines = folded(tl, a.stack_id, 12);
+            if lines.is_empty() {
+                let _ = writeln!(o, "(no stack recorded)");
+            }
+            for (_, line) in lines {
+                let _ = writeln!(o, "{line}");
+            }
+            let _ = writeln!(o, "```\n");
+        }
+        let _ = writeln!(o, "</details>\n");
+    }
+    if d.trace.entries > 0 {
+        let actions: Vec<String> = d.trace.actions.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let span = d.trace.span_us.map_or(String::new(), |s| format!(" over {}", duration_us(s)));
+        let _ = writeln!(o, "Trace: {} events{span} ({}).\n", d.trace.entries, actions.join(", "));
+    }
+    for n in &d.notes {
+        let _ = writeln!(o, "> {}\n", esc(n));
+    }
+}

@@ -1,0 +1,63 @@
+//! Renderers. They read an [`Analysis`] (and the timeline, for stacks) and know nothing of input formats.
+
+mod markdown;
+mod text;
+
+use crate::analysis::Analysis;
+use crate::timeline::Timeline;
+
+pub use markdown::render as markdown;
+pub use text::render as text;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A summary to read in ten seconds (colour on a terminal).
+    Text,
+    /// For an incident ticket: a summary table first, details collapsed.
+    Markdown,
+    /// The versioned machine contract (schema_version 1).
+    Json,
+}
+
+/// Renders `analysis` in `format`. `color` only affects text.
+pub fn render(format: Format, analysis: &Analysis, tl: &Timeline, color: bool) -> String {
+    match format {
+        Format::Text => text(analysis, tl, color),
+        Format::Markdown => markdown(analysis, tl),
+        Format::Json => {
+            let mut s = serde_json::to_string_pretty(analysis).expect("analysis serialises");
+            s.push('\n');
+            s
+        }
+    }
+}
+
+/// "default" for the legacy default stream, else the raw stream handle in hex.
+pub(crate) fn stream_name(stream: u64) -> String {
+    if stream == 0 {
+        "default stream".into()
+    } else {
+        format!("stream 0x{stream:x}")
+    }
+}
+
+pub(crate) fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "–".into();
+    }
+    let p = part as f64 * 100.0 / whole as f64;
+    if p > 0.0 && p < 1.0 {
+        "<1%".into()
+    } else {
+        format!("{p:.0}%")
+    }
+}
+
+/// Where in the trace a moment is: "event 1234, 12.3 s into the trace".
+pub(crate) fn when(event: Option<u32>, time_us: Option<i64>, first_time_us: Option<i64>) -> String {
+    match (event, time_us.zip(first_time_us)) {
+        (Some(e), Some((t, t0))) => format!("event {e}, {} into the trace", crate::units::duration_us(t - t0)),
+        (Some(e), None) => format!("event {e}"),
+        (None, _) => "before the first traced event".into(),
+    }
+}

@@ -1,0 +1,201 @@
+//! The terminal summary: the verdict and the numbers first, the biggest culprits named, their stacks shown.
+
+use std::fmt::Write;
+
+use super::{percent, stream_name, when};
+use crate::analysis::{stacks::folded, Analysis, DeviceReport};
+use crate::timeline::Timeline;
+use crate::units::{bytes, duration_us};
+
+struct Style {
+    on: bool,
+}
+
+impl Style {
+    fn paint(&self, code: &str, s: &str) -> String {
+        if self.on {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+    fn bold(&self, s: &str) -> String {
+        self.paint("1", s)
+    }
+    fn dim(&self, s: &str) -> String {
+        self.paint("2", s)
+    }
+    fn red(&self, s: &str) -> String {
+        self.paint("1;31", s)
+    }
+    fn yellow(&self, s: &str) -> String {
+        self.paint("33", s)
+    }
+    fn cyan(&self, s: &str) -> String {
+        self.paint("36", s)
+    }
+}
+
+pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
+    let st = Style { on: color };
+    let mut o = String::new();
+    for input in &a.inputs {
+        let _ = writeln!(
+            o,
+            "{} {}  {}",
+            st.bold("oomdoc"),
+            st.bold(&input.path),
+            st.dim(&format!("({}, {}, pickle protocol {})", input.format_version, bytes(input.bytes),
+                input.pickle_protocol.unwrap_or(0)))
+        );
+    }
+    if a.devices.is_empty() {
+        let _ = writeln!(o, "\nNo GPU memory in this file: no segments and no trace events.");
+    }
+    for d in &a.devices {
+        device(&mut o, d, tl, &st);
+    }
+    if !a.findings.is_empty() {
+        let _ = writeln!(o, "\n{}", st.bold("Findings"));
+        for f in &a.findings {
+            let _ = writeln!(o, "  [{}] {}: {}", f.severity, f.title, f.message);
+            let _ = writeln!(o, "    fix: {}", f.fix);
+        }
+    }
+    if let Some(s) = &a.allocator_settings {
+        let conf = s.alloc_conf.as_deref().unwrap_or("");
+        let _ = writeln!(
+            o,
+            "\n{} PYTORCH_CUDA_ALLOC_CONF={}  expandable_segments={}  max_split_size={}",
+            st.dim("Allocator:"),
+            if conf.is_empty() { "(unset)" } else { conf },
+            s.expandable_segments.map_or("?".into(), |e| e.to_string()),
+            s.max_split_size.map_or("unlimited".into(), bytes),
+        );
+    }
+    o
+}
+
+fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
+    let moment = match d.moment {
+        "oom" => st.red("at the OOM"),
+        "peak" => st.bold("at peak allocated memory"),
+        "end" => st.bold("at the end of the capture"),
+        _ => st.bold("at the requested moment"),
+    };
+    let place = if d.trace.entries == 0 {
+        "the file's final state".to_string()
+    } else {
+        when(d.event_index, d.time_us, d.trace.first_time_us)
+    };
+    let _ = writeln!(o, "\n{} {}  {}", st.bold(&format!("GPU {}", d.device)), moment, st.dim(&format!("({place})")));
+
+    if let Some(oom) = &d.oom {
+        let free = oom.device_free_bytes.map_or(String::new(), |f| format!("; the GPU had {} free", bytes(f)));
+        let _ = writeln!(
+            o,
+            "  {}  needed a {} block ({} pool, {}){free}",
+            st.red("OOM"),
+            st.bold(&bytes(oom.requested_bytes)),
+            oom.pool,
+            stream_name(oom.stream),
+        );
+        let verdict = if oom.fits_in_cached_free && oom.requested_bytes > oom.largest_free_in_pool_bytes {
+            st.yellow("it would have fit if the cached free memory were one block: fragmentation")
+        } else if oom.cached_free_in_pool_bytes == 0 {
+            "nothing was cached free in that pool".to_string()
+        } else {
+            "the cached free memory could not have held it either".to_string()
+        };
+        let _ = writeln!(
+            o,
+            "       cached free in that pool {}, largest free block {} → {verdict}",
+            bytes(oom.cached_free_in_pool_bytes),
+            bytes(oom.largest_free_in_pool_bytes),
+        );
+        let _ = writeln!(o, "       requested by {}", st.cyan(&oom.culprit));
+    }
+    let _ = writeln!(
+        o,
+        "  allocated {}   reserved {}   active {}   cached free {} ({} of reserved)",
+        st.bold(&bytes(d.allocated_bytes)),
+        st.bold(&bytes(d.reserved_bytes)),
+        bytes(d.active_bytes),
+        bytes(d.reserved_unallocated_bytes),
+        percent(d.reserved_unallocated_bytes, d.reserved_bytes),
+    );
+    let pending =
+        if d.pending_free_bytes > 0 { format!(" · {} pending free", bytes(d.pending_free_bytes)) } else { String::new() };
+    let _ = writeln!(
+        o,
+        "  largest free block {} · {} segments, {} blocks{pending}",
+        bytes(d.largest_free_block_bytes),
+        d.segments,
+        d.blocks
+    );
+    if let Some(p) = &d.peak {
+        let _ = writeln!(
+            o,
+            "  peak allocated {} ({}), peak reserved {}",
+            bytes(p.allocated_bytes),
+            when(p.event_index, p.time_us, d.trace.first_time_us),
+            bytes(p.reserved_bytes)
+        );
+    }
+    if d.moment != "end" && d.trace.entries > 0 {
+        let _ = writeln!(
+            o,
+            "  at the end: allocated {}, reserved {}",
+            bytes(d.end.allocated_bytes),
+            bytes(d.end.reserved_bytes)
+        );
+    }
+
+    if !d.by_stack.is_empty() && d.allocated_bytes > 0 {
+        let _ = writeln!(o, "\n  {}", st.bold("Live memory by allocating stack"));
+        for g in &d.by_stack {
+            let _ = writeln!(
+                o,
+                "  {:>10} {:>4} {:>6}  {}",
+                bytes(g.bytes),
+                percent(g.bytes, d.allocated_bytes),
+                format!("×{}", g.count),
+                st.cyan(&g.culprit)
+            );
+        }
+    }
+    if !d.top_allocations.is_empty() {
+        let _ = writeln!(o, "\n  {}", st.bold("Largest live allocations"));
+        for (i, a) in d.top_allocations.iter().enumerate() {
+            let age = a.age_us.map_or(String::new(), |us| format!("  age {}", duration_us(us)));
+            let _ = writeln!(
+                o,
+                "  {:>10}  {}{}  {}",
+                bytes(a.bytes),
+                st.cyan(&a.culprit),
+                st.dim(&age),
+                st.dim(&stream_name(a.stream))
+            );
+            // Full stacks for the top three; the rest are named by their culprit line.
+            if i < 3 {
+                for (lib, line) in folded(tl, a.stack_id, 8) {
+                    let _ = writeln!(o, "              {}", if lib { st.dim(&line) } else { line });
+                }
+            }
+        }
+    }
+    if d.trace.entries > 0 {
+        let actions: Vec<String> = d.trace.actions.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let span = d.trace.span_us.map_or(String::new(), |s| format!(" over {}", duration_us(s)));
+        let _ = writeln!(
+            o,
+            "\n  {} {} events{span}: {}",
+            st.dim("Trace:"),
+            d.trace.entries,
+            actions.join(", ")
+        );
+    }
+    for n in &d.notes {
+        let _ = writeln!(o, "  {} {}", st.yellow("note:"), n);
+    }
+}

@@ -1,0 +1,234 @@
+//! The common model every parser produces and every analysis reads: per-device allocation timelines.
+
+pub mod replay;
+pub mod stacks;
+
+use serde::Serialize;
+
+use stacks::{StackId, Stacks, StrId, Strings};
+
+/// What happened, in the allocator's own terms.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Snapshot,
+    Oom,
+    Annotate,
+    /// An action name this version of oomdoc does not know; kept so counts stay honest, ignored by replay.
+    Unknown,
+}
+
+impl Action {
+    pub fn from_name(s: &str) -> Action {
+        match s {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "snapshot" => Action::Snapshot,
+            "oom" => Action::Oom,
+            "annotate" => Action::Annotate,
+            _ => Action::Unknown,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Snapshot => "snapshot",
+            Action::Oom => "oom",
+            Action::Annotate => "annotate",
+            Action::Unknown => "unknown",
+        }
+    }
+
+    /// Actions that change no allocator state.
+    pub fn is_marker(self) -> bool {
+        matches!(self, Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown)
+    }
+}
+
+/// Sentinel for "no string" in compact records.
+pub const NO_STR: StrId = u32::MAX;
+
+/// One allocator event (a snapshot trace entry). Compact: millions of these are kept.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub action: Action,
+    pub addr: u64,
+    /// Meaning depends on the action: caller's size for `alloc`, requested size for frees, segment or mapped
+    /// bytes for segment events, rounded search size for `oom`, active bytes for `snapshot`.
+    pub size: u64,
+    pub stream: u64,
+    /// Only on `oom`: what `cudaMemGetInfo` reported free.
+    pub device_free: Option<u64>,
+    /// Microseconds since the Unix epoch (torch ≥ 2.2).
+    pub time_us: Option<i64>,
+    pub stack: StackId,
+    pub compile_context: StrId,
+    pub user_metadata: StrId,
+    pub pool_id: Option<(i64, i64)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    ActiveAllocated,
+    ActivePendingFree,
+    Inactive,
+}
+
+impl BlockState {
+    pub fn from_name(s: &str) -> Option<BlockState> {
+        Some(match s {
+            "active_allocated" => BlockState::ActiveAllocated,
+            // The docstring says "awaiting", the serializer writes "pending": accept both.
+            "active_pending_free" | "active_awaiting_free" => BlockState::ActivePendingFree,
+            "inactive" => BlockState::Inactive,
+            _ => return None,
+        })
+    }
+}
+
+/// A block of a segment in the file's final state.
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub address: u64,
+    pub size: u64,
+    pub requested_size: Option<u64>,
+    pub state: BlockState,
+    pub stack: StackId,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    Small,
+    Large,
+}
+
+/// A segment (one cudaMalloc, or one mapped range of an expandable segment) in the file's final state.
+#[derive(Clone, Debug)]
+pub struct Segment {
+    pub device: i64,
+    pub address: u64,
+    pub total_size: u64,
+    pub stream: u64,
+    pub kind: PoolKind,
+    pub pool_id: (i64, i64),
+    pub expandable: bool,
+    pub stack: StackId,
+    pub blocks: Vec<Block>,
+    /// The sums as the file states them, kept to check them against the blocks.
+    pub declared_allocated: Option<u64>,
+    pub declared_active: Option<u64>,
+}
+
+/// Everything known about one GPU.
+#[derive(Debug, Default)]
+pub struct DeviceTimeline {
+    pub device: i64,
+    /// Trace entries in chronological order.
+    pub events: Vec<Event>,
+    /// The allocator state when the file was written (complete even when the trace is not).
+    pub segments: Vec<Segment>,
+}
+
+/// Allocator settings recorded by torch ≥ 2.3.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct AllocatorSettings {
+    pub alloc_conf: Option<String>,
+    pub expandable_segments: Option<bool>,
+    /// Bytes; `None` when unlimited (the file writes SIZE_MAX as -1).
+    pub max_split_size: Option<u64>,
+    pub garbage_collection_threshold: Option<f64>,
+    /// `(interval start in MiB, divisions)`, sorted.
+    pub roundup_power2_divisions: Vec<(u64, u64)>,
+    /// Every setting as the file wrote it, for display.
+    pub raw: Vec<(String, String)>,
+}
+
+/// A `record_function` marker (torch ≥ 2.5 `external_annotations`).
+#[derive(Debug, Clone)]
+pub struct Annotation {
+    pub device: i64,
+    pub time_us: i64,
+    pub name: StrId,
+    pub start: bool,
+}
+
+/// Where the data came from.
+#[derive(Debug, Clone, Serialize)]
+pub struct InputInfo {
+    pub path: String,
+    pub kind: &'static str,
+    pub format_version: String,
+    pub bytes: u64,
+    pub pickle_protocol: Option<u8>,
+}
+
+#[derive(Debug, Default)]
+pub struct Timeline {
+    pub strings: Strings,
+    pub stacks: Stacks,
+    pub devices: Vec<DeviceTimeline>,
+    pub inputs: Vec<InputInfo>,
+    pub settings: Option<AllocatorSettings>,
+    pub annotations: Vec<Annotation>,
+    /// What was and was not recorded, in words for the report.
+    pub capture: CaptureInfo,
+}
+
+/// What the capture settings recorded, inferred from the file.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct CaptureInfo {
+    pub has_trace: bool,
+    pub block_stacks: bool,
+    pub trace_stacks: bool,
+    pub cpp_frames: bool,
+    pub time_stamps: bool,
+    pub host_segments: usize,
+    pub host_trace_entries: usize,
+    pub unknown_actions: usize,
+}
+
+impl Timeline {
+    pub fn device(&self, device: i64) -> Option<&DeviceTimeline> {
+        self.devices.iter().find(|d| d.device == device)
+    }
+
+    pub fn device_mut(&mut self, device: i64) -> &mut DeviceTimeline {
+        match self.devices.iter().position(|d| d.device == device) {
+            Some(i) => &mut self.devices[i],
+            None => {
+                self.devices.push(DeviceTimeline { device, ..Default::default() });
+                self.devices.sort_by_key(|d| d.device);
+                self.devices.iter_mut().find(|d| d.device == device).expect("just inserted")
+            }
+        }
+    }
+
+    pub fn str(&self, id: StrId) -> &str {
+        if id == NO_STR {
+            ""
+        } else {
+            self.strings.get(id)
+        }
+    }
+}

@@ -1,0 +1,815 @@
+//! Rebuilds the caching allocator's state (segments, blocks, totals) at any event of a device's trace.
+//!
+//! The trace gives the caller's *unrounded* sizes; block sizes come from the allocator's own rules (round to 512
+//! bytes, split a free block only when the remainder is worth keeping, merge free neighbours), so the replay
+//! applies the same rules. When the trace is complete the replay starts from an empty device; when the ring
+//! buffer wrapped (or recording started late) it starts from the state obtained by undoing the trace backwards
+//! from the file's final segments, which are always complete. Either way the end of the replay is checked
+//! against the file's segments.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashSet;
+
+use super::stacks::{StackId, EMPTY_STACK};
+use super::{Action, AllocatorSettings, BlockState, DeviceTimeline, Event, PoolKind, Segment};
+
+const MIN_BLOCK: u64 = 512;
+const SMALL_SIZE: u64 = 1 << 20;
+const SMALL_BUFFER: u64 = 2 << 20;
+
+/// The allocator's sizing rules, as configured for this file.
+#[derive(Clone, Debug, Default)]
+pub struct Rules {
+    pub expandable: bool,
+    pub max_split_size: Option<u64>,
+    /// `(interval start in MiB, divisions)`, sorted by interval.
+    pub divisions: Vec<(u64, u64)>,
+}
+
+impl Rules {
+    pub fn new(settings: Option<&AllocatorSettings>, dev: &DeviceTimeline) -> Rules {
+        let expandable = settings.and_then(|s| s.expandable_segments).unwrap_or(false)
+            || dev.segments.iter().any(|s| s.expandable)
+            || dev.events.iter().any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap));
+        Rules {
+            expandable,
+            max_split_size: settings.and_then(|s| s.max_split_size),
+            divisions: settings.map(|s| s.roundup_power2_divisions.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// `round_size` of the CUDA caching allocator.
+    pub fn round(&self, size: u64) -> u64 {
+        if size < MIN_BLOCK {
+            return MIN_BLOCK;
+        }
+        let divisions = self.divisions_for(size);
+        if divisions > 1 && size > MIN_BLOCK * divisions {
+            return round_to_division(size, divisions);
+        }
+        size.div_ceil(MIN_BLOCK) * MIN_BLOCK
+    }
+
+    fn divisions_for(&self, size: u64) -> u64 {
+        let mib = (size >> 20).max(1);
+        self.divisions.iter().rev().find(|(start, _)| *start <= mib).map_or(0, |&(_, d)| d)
+    }
+
+    fn should_split(&self, kind: PoolKind, rounded: u64, remaining: u64) -> bool {
+        if kind == PoolKind::Small || self.expandable {
+            remaining >= MIN_BLOCK
+        } else {
+            self.max_split_size.is_none_or(|m| rounded < m) && remaining > SMALL_SIZE
+        }
+    }
+}
+
+fn round_to_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    let floor = 1u64 << (63 - size.leading_zeros());
+    let step = floor >> (63 - divisions.leading_zeros());
+    if step == 0 {
+        return floor << 1;
+    }
+    let base = size & !(step - 1);
+    if base == size {
+        size
+    } else {
+        base + step
+    }
+}
+
+/// A block as the replay knows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveBlock {
+    pub size: u64,
+    /// The caller's size (0 when unknown).
+    pub requested: u64,
+    pub state: BlockState,
+    pub stack: StackId,
+    /// Index of the `alloc` event that created it, when that event is in the trace.
+    pub alloc_event: Option<u32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SegState {
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    pub pool_id: (i64, i64),
+    /// Unknown for a segment made by the trace until its first allocation says which pool it serves.
+    pub kind: Option<PoolKind>,
+    pub expandable: bool,
+    pub blocks: BTreeMap<u64, LiveBlock>,
+}
+
+/// Allocator state of one device at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct State {
+    pub segments: BTreeMap<u64, SegState>,
+    /// Σ size of blocks held by tensors.
+    pub allocated: u64,
+    /// Σ size of blocks not free (held, or freed but waiting on another stream).
+    pub active: u64,
+    /// Σ segment sizes.
+    pub reserved: u64,
+}
+
+/// Something in the trace the replay could not apply as the allocator would have.
+#[derive(Clone, Debug)]
+pub struct Anomaly {
+    pub event: u32,
+    pub what: &'static str,
+}
+
+impl State {
+    pub fn from_segments(segments: &[Segment]) -> State {
+        let mut st = State::default();
+        for s in segments {
+            let mut blocks = BTreeMap::new();
+            for b in &s.blocks {
+                blocks.insert(
+                    b.address,
+                    LiveBlock {
+                        size: b.size,
+                        requested: b.requested_size.unwrap_or(0),
+                        state: b.state,
+                        stack: b.stack,
+                        alloc_event: None,
+                    },
+                );
+                st.count(b.state, b.size as i128);
+            }
+            st.reserved += s.total_size;
+            st.segments.insert(
+                s.address,
+                SegState {
+                    addr: s.address,
+                    size: s.total_size,
+                    stream: s.stream,
+                    pool_id: s.pool_id,
+                    kind: Some(s.kind),
+                    expandable: s.expandable,
+                    blocks,
+                },
+            );
+        }
+        st
+    }
+
+    fn count(&mut self, state: BlockState, delta: i128) {
+        let add = |v: &mut u64| *v = (*v as i128 + delta).max(0) as u64;
+        match state {
+            BlockState::ActiveAllocated => {
+                add(&mut self.allocated);
+                add(&mut self.active);
+            }
+            BlockState::ActivePendingFree => add(&mut self.active),
+            BlockState::Inactive => {}
+        }
+    }
+
+    fn segment_at_mut(&mut self, addr: u64) -> Option<&mut SegState> {
+        let (_, seg) = self.segments.range_mut(..=addr).next_back()?;
+        (addr < seg.addr + seg.size).then_some(seg)
+    }
+
+    /// Iterates every free block: `(segment, block address, block)`.
+    pub fn free_blocks(&self) -> impl Iterator<Item = (&SegState, u64, &LiveBlock)> {
+        self.segments.values().flat_map(|s| {
+            s.blocks.iter().filter(|(_, b)| b.state == BlockState::Inactive).map(move |(a, b)| (s, *a, b))
+        })
+    }
+
+    /// Every block held by a tensor: `(segment, block address, block)`.
+    pub fn allocated_blocks(&self) -> impl Iterator<Item = (&SegState, u64, &LiveBlock)> {
+        self.segments.values().flat_map(|s| {
+            s.blocks
+                .iter()
+                .filter(|(_, b)| b.state == BlockState::ActiveAllocated)
+                .map(move |(a, b)| (s, *a, b))
+        })
+    }
+
+    pub fn largest_free_block(&self) -> u64 {
+        self.free_blocks().map(|(_, _, b)| b.size).max().unwrap_or(0)
+    }
+
+    pub fn block_count(&self) -> usize {
+        self.segments.values().map(|s| s.blocks.len()).sum()
+    }
+
+    /// Applies one event going forward in time.
+    pub fn apply(&mut self, e: &Event, idx: u32, rules: &Rules) -> Result<(), &'static str> {
+        match e.action {
+            Action::Alloc => self.alloc(e, idx, rules),
+            Action::FreeRequested => {
+                let b = self.block_mut(e.addr).ok_or("free_requested of an address holding no block")?;
+                if b.state != BlockState::ActiveAllocated {
+                    return Err("free_requested of a block that is not allocated");
+                }
+                b.state = BlockState::ActivePendingFree;
+                let size = b.size;
+                self.allocated -= size.min(self.allocated);
+                Ok(())
+            }
+            Action::FreeCompleted => {
+                let b = self.block_mut(e.addr).ok_or("free_completed of an address holding no block")?;
+                let (state, size) = (b.state, b.size);
+                if state == BlockState::Inactive {
+                    return Err("free_completed of a block already free");
+                }
+                b.state = BlockState::Inactive;
+                self.count(state, -(size as i128));
+                self.merge_free(e.addr);
+                Ok(())
+            }
+            Action::SegmentAlloc => self.add_segment(e.addr, e.size, e.stream, e.pool_id, false),
+            Action::SegmentFree => self.remove_segment(e.addr),
+            Action::SegmentMap => self.map(e.addr, e.size, e.stream, e.pool_id),
+            Action::SegmentUnmap => self.unmap(e.addr, e.size),
+            Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown => Ok(()),
+        }
+    }
+
+    /// Undoes one event, going backward in time.
+    pub fn unapply(&mut self, e: &Event, rules: &Rules) -> Result<(), &'static str> {
+        match e.action {
+            Action::Alloc => {
+                let b = self.block_mut(e.addr).ok_or("alloc (undone) of an address holding no block")?;
+                let (state, size) = (b.state, b.size);
+                if state == BlockState::Inactive {
+                    return Err("alloc (undone) of a free block");
+                }
+                b.state = BlockState::Inactive;
+                self.count(state, -(size as i128));
+                self.merge_free(e.addr);
+                Ok(())
+            }
+            Action::FreeRequested => {
+                let b = self.block_mut(e.addr).ok_or("free_requested (undone) of an address holding no block")?;
+                if b.state != BlockState::ActivePendingFree {
+                    return Err("free_requested (undone) of a block not pending");
+                }
+                b.state = BlockState::ActiveAllocated;
+                let size = b.size;
+                self.allocated += size;
+                Ok(())
+            }
+            Action::FreeCompleted => self.carve(e, rules),
+            Action::SegmentAlloc => self.remove_segment(e.addr),
+            Action::SegmentFree => self.add_segment(e.addr, e.size, e.stream, e.pool_id, false),
+            Action::SegmentMap => self.unmap(e.addr, e.size),
+            Action::SegmentUnmap => self.map(e.addr, e.size, e.stream, e.pool_id),
+            Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown => Ok(()),
+        }
+    }
+
+    fn block_mut(&mut self, addr: u64) -> Option<&mut LiveBlock> {
+        self.segment_at_mut(addr)?.blocks.get_mut(&addr)
+    }
+
+    fn alloc(&mut self, e: &Event, idx: u32, rules: &Rules) -> Result<(), &'static str> {
+        let rounded = rules.round(e.size);
+        let seg = self.segment_at_mut(e.addr).ok_or("alloc outside every known segment")?;
+        let kind = *seg.kind.get_or_insert(if rounded <= SMALL_SIZE { PoolKind::Small } else { PoolKind::Large });
+        let b = seg.blocks.get_mut(&e.addr).ok_or("alloc not at the start of a block")?;
+        if b.state != BlockState::Inactive {
+            return Err("alloc of a block that is in use");
+        }
+        let mut size = b.size;
+        if rounded < b.size && rules.should_split(kind, rounded, b.size - rounded) {
+            size = rounded;
+            let rest = LiveBlock {
+                size: b.size - rounded,
+                requested: 0,
+                state: BlockState::Inactive,
+                stack: EMPTY_STACK,
+                alloc_event: None,
+            };
+            b.size = rounded;
+            seg.blocks.insert(e.addr + rounded, rest);
+        }
+        let b = seg.blocks.get_mut(&e.addr).expect("present");
+        b.state = BlockState::ActiveAllocated;
+        b.requested = e.size;
+        b.stack = e.stack;
+        b.alloc_event = Some(idx);
+        self.count(BlockState::ActiveAllocated, size as i128);
+        if rounded > size {
+            return Err("alloc larger than the free block it landed in");
+        }
+        Ok(())
+    }
+
+    /// Going backward over a `free_completed`: the block existed (pending) before; cut it out of free space.
+    fn carve(&mut self, e: &Event, rules: &Rules) -> Result<(), &'static str> {
+        let seg = self.segment_at_mut(e.addr).ok_or("free_completed (undone) outside every known segment")?;
+        let (&start, free) =
+            seg.blocks.range(..=e.addr).next_back().ok_or("free_completed (undone) before the first block")?;
+        if free.state != BlockState::Inactive || start + free.size <= e.addr {
+            return Err("free_completed (undone) of memory that is in use");
+        }
+        let end = start + free.size;
+        let kind = seg.kind.unwrap_or(if e.size <= SMALL_SIZE { PoolKind::Small } else { PoolKind::Large });
+        let rounded = rules.round(e.size);
+        let mut size = rounded.min(end - e.addr);
+        if !rules.should_split(kind, size, end - e.addr - size) {
+            size = end - e.addr;
+        }
+        seg.blocks.remove(&start);
+        if start < e.addr {
+            let head = LiveBlock {
+                size: e.addr - start,
+                requested: 0,
+                state: BlockState::Inactive,
+                stack: EMPTY_STACK,
+                alloc_event: None,
+            };
+            seg.blocks.insert(start, head);
+        }
+        let block = LiveBlock {
+            size,
+            requested: e.size,
+            state: BlockState::ActivePendingFree,
+            stack: EMPTY_STACK,
+            alloc_event: None,
+        };
+        seg.blocks.insert(e.addr, block);
+        if e.addr + size < end {
+            let tail = LiveBlock {
+                size: end - e.addr - size,
+                requested: 0,
+                state: BlockState::Inactive,
+                stack: EMPTY_STACK,
+                alloc_event: None,
+            };
+            seg.blocks.insert(e.addr + size, tail);
+        }
+        self.count(BlockState::ActivePendingFree, size as i128);
+        Ok(())
+    }
+
+    fn merge_free(&mut self, addr: u64) {
+        let Some(seg) = self.segment_at_mut(addr) else { return };
+        let mut start = addr;
+        if let Some((&p, prev)) = seg.blocks.range(..addr).next_back() {
+            if prev.state == BlockState::Inactive && p + prev.size == addr {
+                start = p;
+            }
+        }
+        // Fold every free block from `start` onward that touches the previous one.
+        let mut total = 0u64;
+        let mut cursor = start;
+        let mut absorbed = Vec::new();
+        for (&a, b) in seg.blocks.range(start..) {
+            if a != cursor || b.state != BlockState::Inactive {
+                break;
+            }
+            total += b.size;
+            cursor = a + b.size;
+            absorbed.push(a);
+        }
+        if absorbed.len() > 1 {
+            let requested = seg.blocks[&addr].requested;
+            for a in &absorbed {
+                seg.blocks.remove(a);
+            }
+            let merged = LiveBlock {
+                size: total,
+                requested,
+                state: BlockState::Inactive,
+                stack: EMPTY_STACK,
+                alloc_event: None,
+            };
+            seg.blocks.insert(start, merged);
+        }
+    }
+
+    fn add_segment(
+        &mut self,
+        addr: u64,
+        size: u64,
+        stream: u64,
+        pool_id: Option<(i64, i64)>,
+        expandable: bool,
+    ) -> Result<(), &'static str> {
+        if self.segment_at_mut(addr).is_some() {
+            return Err("segment allocated over an existing segment");
+        }
+        let mut blocks = BTreeMap::new();
+        blocks.insert(
+            addr,
+            LiveBlock { size, requested: 0, state: BlockState::Inactive, stack: EMPTY_STACK, alloc_event: None },
+        );
+        let kind = (!expandable && size == SMALL_BUFFER).then_some(PoolKind::Small);
+        self.segments.insert(
+            addr,
+            SegState { addr, size, stream, pool_id: pool_id.unwrap_or((0, 0)), kind, expandable, blocks },
+        );
+        self.reserved += size;
+        Ok(())
+    }
+
+    fn remove_segment(&mut self, addr: u64) -> Result<(), &'static str> {
+        let seg = self.segments.remove(&addr).ok_or("segment_free of an address that starts no segment")?;
+        self.reserved -= seg.size.min(self.reserved);
+        let mut busy = false;
+        for b in seg.blocks.values() {
+            if b.state != BlockState::Inactive {
+                busy = true;
+                self.count(b.state, -(b.size as i128));
+            }
+        }
+        if busy {
+            return Err("segment released while blocks in it were in use");
+        }
+        Ok(())
+    }
+
+    /// An expandable segment grows: the new pages join the segment that ends (or starts) where they start (end).
+    fn map(&mut self, addr: u64, size: u64, stream: u64, pool_id: Option<(i64, i64)>) -> Result<(), &'static str> {
+        let end = addr + size;
+        let before = self.segments.range(..addr).next_back().filter(|(_, s)| s.expandable && s.addr + s.size == addr);
+        let before = before.map(|(&a, _)| a);
+        let after = self.segments.get(&end).filter(|s| s.expandable).map(|s| s.addr);
+        self.reserved += size;
+        let free = LiveBlock { size, requested: 0, state: BlockState::Inactive, stack: EMPTY_STACK, alloc_event: None };
+        let base = match before {
+            Some(b) => {
+                let seg = self.segments.get_mut(&b).expect("found above");
+                seg.size += size;
+                seg.blocks.insert(addr, free);
+                b
+            }
+            None => {
+                let mut blocks = BTreeMap::new();
+                blocks.insert(addr, free);
+                let seg = SegState {
+                    addr,
+                    size,
+                    stream,
+                    pool_id: pool_id.unwrap_or((0, 0)),
+                    kind: None,
+                    expandable: true,
+                    blocks,
+                };
+                self.segments.insert(addr, seg);
+                addr
+            }
+        };
+        if let Some(a) = after {
+            let next = self.segments.remove(&a).expect("found above");
+            let seg = self.segments.get_mut(&base).expect("present");
+            seg.size += next.size;
+            seg.blocks.extend(next.blocks);
+            if seg.kind.is_none() {
+                seg.kind = next.kind;
+            }
+        }
+        self.merge_free(addr);
+        Ok(())
+    }
+
+    /// An expandable segment gives pages back: the range leaves the segment, which may split in two.
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<(), &'static str> {
+        let end = addr + size;
+        let seg_addr = self.segment_at_mut(addr).map(|s| s.addr).ok_or("segment_unmap outside every segment")?;
+        let mut seg = self.segments.remove(&seg_addr).expect("found above");
+        if end > seg.addr + seg.size {
+            self.segments.insert(seg_addr, seg);
+            return Err("segment_unmap past the end of its segment");
+        }
+        let mut left = BTreeMap::new();
+        let mut right = BTreeMap::new();
+        let mut busy = false;
+        for (a, b) in std::mem::take(&mut seg.blocks) {
+            let b_end = a + b.size;
+            if b_end <= addr {
+                left.insert(a, b);
+            } else if a >= end {
+                right.insert(a, b);
+            } else {
+                if b.state != BlockState::Inactive {
+                    busy = true;
+                    self.count(b.state, -(b.size as i128));
+                }
+                if a < addr {
+                    left.insert(a, LiveBlock { size: addr - a, ..b.clone() });
+                }
+                if b_end > end {
+                    right.insert(end, LiveBlock { size: b_end - end, ..b });
+                }
+            }
+        }
+        self.reserved -= size.min(self.reserved);
+        let seg_end = seg.addr + seg.size;
+        if addr > seg.addr {
+            self.segments.insert(seg.addr, SegState { size: addr - seg.addr, blocks: left, ..seg.clone() });
+        }
+        if seg_end > end {
+            self.segments.insert(end, SegState { addr: end, size: seg_end - end, blocks: right, ..seg });
+        }
+        if busy {
+            return Err("segment_unmap of pages that were in use");
+        }
+        Ok(())
+    }
+
+    /// Describes the first difference from the file's segments, or `None` when they agree block for block.
+    pub fn diff(&self, segments: &[Segment]) -> Option<String> {
+        let mut n = 0usize;
+        let mut first = None;
+        let theirs: BTreeMap<u64, &Segment> = segments.iter().map(|s| (s.address, s)).collect();
+        for (a, s) in &self.segments {
+            match theirs.get(a) {
+                None => {
+                    n += 1;
+                    first.get_or_insert_with(|| format!("segment 0x{a:x} ({} B) is not in the file", s.size));
+                }
+                Some(t) => {
+                    if t.total_size != s.size {
+                        n += 1;
+                        first.get_or_insert_with(|| {
+                            format!("segment 0x{a:x} is {} B in the replay, {} B in the file", s.size, t.total_size)
+                        });
+                        continue;
+                    }
+                    let ours: Vec<(u64, u64, BlockState)> =
+                        s.blocks.iter().map(|(a, b)| (*a, b.size, b.state)).collect();
+                    let file: Vec<(u64, u64, BlockState)> =
+                        t.blocks.iter().map(|b| (b.address, b.size, b.state)).collect();
+                    if ours != file {
+                        n += 1;
+                        let at = ours.iter().zip(&file).find(|(x, y)| x != y);
+                        first.get_or_insert_with(|| match at {
+                            Some((x, y)) => format!(
+                                "segment 0x{a:x}: block 0x{:x} is {} B {:?} in the replay, the file has 0x{:x} {} B \
+                                 {:?}",
+                                x.0, x.1, x.2, y.0, y.1, y.2
+                            ),
+                            None => format!(
+                                "segment 0x{a:x}: {} blocks in the replay, {} in the file",
+                                ours.len(),
+                                file.len()
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        for (a, t) in &theirs {
+            if !self.segments.contains_key(a) {
+                n += 1;
+                first.get_or_insert_with(|| format!("segment 0x{a:x} ({} B) is in the file only", t.total_size));
+            }
+        }
+        first.map(|f| if n > 1 { format!("{f} (and {} more segments differ)", n - 1) } else { f })
+    }
+}
+
+/// How much of the device's history the trace holds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Completeness {
+    /// Frees of blocks whose allocation is not in the trace.
+    pub frees_without_alloc: usize,
+    /// Blocks live at the end whose allocation is not in the trace.
+    pub live_without_alloc: usize,
+    /// Segments present at the end (or released in the trace) that the trace never created.
+    pub segments_without_alloc: usize,
+}
+
+impl Completeness {
+    pub fn complete(&self) -> bool {
+        self.frees_without_alloc == 0 && self.live_without_alloc == 0 && self.segments_without_alloc == 0
+    }
+}
+
+pub fn completeness(dev: &DeviceTimeline) -> Completeness {
+    let mut c = Completeness::default();
+    let mut live: FxHashSet<u64> = FxHashSet::default();
+    let mut segs: FxHashSet<u64> = FxHashSet::default();
+    let mut mapped = false;
+    for e in &dev.events {
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr);
+            }
+            Action::FreeRequested => {
+                if !live.contains(&e.addr) {
+                    c.frees_without_alloc += 1;
+                }
+            }
+            Action::FreeCompleted => {
+                if !live.remove(&e.addr) {
+                    c.frees_without_alloc += 1;
+                }
+            }
+            Action::SegmentAlloc => {
+                segs.insert(e.addr);
+            }
+            Action::SegmentFree => {
+                if !segs.remove(&e.addr) {
+                    c.segments_without_alloc += 1;
+                }
+            }
+            Action::SegmentMap | Action::SegmentUnmap => mapped = true,
+            _ => {}
+        }
+    }
+    for s in &dev.segments {
+        // Mapped ranges split and join, so their starts need not match a segment event.
+        if !segs.contains(&s.address) && !(s.expandable && mapped) {
+            c.segments_without_alloc += 1;
+        }
+        for b in &s.blocks {
+            if b.state != BlockState::Inactive && !live.contains(&b.address) {
+                c.live_without_alloc += 1;
+            }
+        }
+    }
+    c
+}
+
+/// Replays one device. Construction runs one forward pass (for the peak and the end-state check); `state_at`
+/// replays again up to the asked-for event.
+pub struct Replay<'t> {
+    dev: &'t DeviceTimeline,
+    pub rules: Rules,
+    pub completeness: Completeness,
+    start: State,
+    /// Events the replay could not apply as the allocator would have.
+    pub anomalies: Vec<Anomaly>,
+    /// Highest allocated bytes and the event after which it was reached (`None`: before the first event).
+    pub peak_allocated: (u64, Option<u32>),
+    pub peak_reserved: (u64, Option<u32>),
+    /// How the replayed end differs from the file's final segments; `None` when it lands exactly.
+    pub end_mismatch: Option<String>,
+    /// Allocated bytes after each event (for charts).
+    pub allocated_series: Vec<u64>,
+    pub reserved_series: Vec<u64>,
+}
+
+impl<'t> Replay<'t> {
+    pub fn new(dev: &'t DeviceTimeline, settings: Option<&AllocatorSettings>) -> Replay<'t> {
+        let rules = Rules::new(settings, dev);
+        let completeness = completeness(dev);
+        let final_state = State::from_segments(&dev.segments);
+        let mut anomalies = Vec::new();
+        let start = if completeness.complete() {
+            State::default()
+        } else {
+            let mut st = final_state.clone();
+            for (i, e) in dev.events.iter().enumerate().rev() {
+                if let Err(what) = st.unapply(e, &rules) {
+                    anomalies.push(Anomaly { event: i as u32, what });
+                }
+            }
+            st
+        };
+        let mut st = start.clone();
+        let mut peak_allocated = (st.allocated, None);
+        let mut peak_reserved = (st.reserved, None);
+        let mut allocated_series = Vec::with_capacity(dev.events.len());
+        let mut reserved_series = Vec::with_capacity(dev.events.len());
+        for (i, e) in dev.events.iter().enumerate() {
+            if let Err(what) = st.apply(e, i as u32, &rules) {
+                anomalies.push(Anomaly { event: i as u32, what });
+            }
+            if st.allocated > peak_allocated.0 {
+                peak_allocated = (st.allocated, Some(i as u32));
+            }
+            if st.reserved > peak_reserved.0 {
+                peak_reserved = (st.reserved, Some(i as u32));
+            }
+            allocated_series.push(st.allocated);
+            reserved_series.push(st.reserved);
+        }
+        let end_mismatch = if dev.events.is_empty() { None } else { st.diff(&dev.segments) };
+        Replay {
+            dev,
+            rules,
+            completeness,
+            start,
+            anomalies,
+            peak_allocated,
+            peak_reserved,
+            end_mismatch,
+            allocated_series,
+            reserved_series,
+        }
+    }
+
+    /// The state right after event `idx` (`None`: before the first event). Exact from the file when nothing after
+    /// `idx` changes the allocator's state.
+    pub fn state_at(&self, idx: Option<u32>) -> State {
+        let from = idx.map_or(0, |i| i as usize + 1);
+        if self.dev.events[from.min(self.dev.events.len())..].iter().all(|e| e.action.is_marker()) {
+            let mut st = State::from_segments(&self.dev.segments);
+            self.attach_alloc_events(&mut st);
+            return st;
+        }
+        let mut st = self.start.clone();
+        for (i, e) in self.dev.events[..from].iter().enumerate() {
+            let _ = st.apply(e, i as u32, &self.rules);
+        }
+        st
+    }
+
+    /// The file's segments do not say which trace event made each block; find it (the last `alloc` at the
+    /// block's address).
+    fn attach_alloc_events(&self, st: &mut State) {
+        let mut last_alloc: rustc_hash::FxHashMap<u64, u32> = Default::default();
+        for (i, e) in self.dev.events.iter().enumerate() {
+            if e.action == Action::Alloc {
+                last_alloc.insert(e.addr, i as u32);
+            }
+        }
+        for seg in st.segments.values_mut() {
+            for (a, b) in seg.blocks.iter_mut() {
+                if b.state != BlockState::Inactive {
+                    b.alloc_event = last_alloc.get(a).copied();
+                    if b.stack == EMPTY_STACK {
+                        if let Some(&i) = last_alloc.get(a) {
+                            b.stack = self.dev.events[i as usize].stack;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_matches_the_allocator() {
+        let r = Rules::default();
+        assert_eq!(r.round(1), 512);
+        assert_eq!(r.round(512), 512);
+        assert_eq!(r.round(513), 1024);
+        let r = Rules { divisions: vec![(1, 4)], ..Rules::default() };
+        // 5 MiB + 1 with 4 divisions between 4 MiB and 8 MiB rounds up to 6 MiB.
+        assert_eq!(r.round((5 << 20) + 1), 6 << 20);
+        assert_eq!(r.round(4 << 20), 4 << 20);
+    }
+
+    fn ev(action: Action, addr: u64, size: u64) -> Event {
+        Event {
+            action,
+            addr,
+            size,
+            stream: 0,
+            device_free: None,
+            time_us: None,
+            stack: EMPTY_STACK,
+            compile_context: super::super::NO_STR,
+            user_metadata: super::super::NO_STR,
+            pool_id: None,
+        }
+    }
+
+    #[test]
+    fn split_and_merge_follow_pool_rules() {
+        let r = Rules::default();
+        let mut st = State::default();
+        let a = 0x1000_0000;
+        st.apply(&ev(Action::SegmentAlloc, a, 20 << 20), 0, &r).unwrap();
+        // Large pool: 19.5 MiB left > 1 MiB, so it splits.
+        st.apply(&ev(Action::Alloc, a, (1 << 20) + 100), 1, &r).unwrap();
+        assert_eq!(st.allocated, (1 << 20) + 512);
+        // Next request leaves 0.9 MiB: no split, the block keeps the remainder.
+        let next = a + (1 << 20) + 512;
+        let rest = (20 << 20) - (1 << 20) - 512;
+        st.apply(&ev(Action::Alloc, next, rest - 900_000), 2, &r).unwrap();
+        assert_eq!(st.allocated, 20 << 20);
+        st.apply(&ev(Action::FreeRequested, a, 0), 3, &r).unwrap();
+        st.apply(&ev(Action::FreeCompleted, a, 0), 4, &r).unwrap();
+        st.apply(&ev(Action::FreeCompleted, next, 0), 5, &r).unwrap();
+        assert_eq!(st.allocated, 0);
+        assert_eq!(st.largest_free_block(), 20 << 20);
+        assert_eq!(st.block_count(), 1);
+        st.apply(&ev(Action::SegmentFree, a, 20 << 20), 6, &r).unwrap();
+        assert_eq!(st.reserved, 0);
+    }
+
+    #[test]
+    fn expandable_map_and_unmap() {
+        let r = Rules { expandable: true, ..Rules::default() };
+        let mut st = State::default();
+        let a = 0x7000_0000;
+        st.apply(&ev(Action::SegmentMap, a, 2 << 20), 0, &r).unwrap();
+        st.apply(&ev(Action::SegmentMap, a + (2 << 20), 4 << 20), 1, &r).unwrap();
+        assert_eq!(st.segments.len(), 1);
+        assert_eq!(st.largest_free_block(), 6 << 20);
+        st.apply(&ev(Action::Alloc, a, 1 << 20), 2, &r).unwrap();
+        st.apply(&ev(Action::SegmentUnmap, a + (4 << 20), 2 << 20), 3, &r).unwrap();
+        assert_eq!(st.reserved, 4 << 20);
+        assert_eq!(st.largest_free_block(), 3 << 20);
+    }
+}
