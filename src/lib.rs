@@ -13,7 +13,10 @@ pub mod units;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}: {message}")]
     Input { path: String, message: String },
     #[error("{0}")]

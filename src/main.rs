@@ -99,7 +99,11 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
 }
 
 fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
-    let opts = Options { at: args.at.clone(), top: args.top, device: args.device };
+    let opts = Options {
+        at: args.at.clone(),
+        top: args.top,
+        device: args.device,
+    };
     let to_terminal = args.output.is_none() && std::io::stdout().is_terminal();
     let color = match args.color.as_str() {
         "always" => true,
@@ -110,7 +114,8 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
     let mut combined: Option<analysis::Analysis> = None;
     for path in &args.files {
         let tl = oomdoc::ingest::load(path, !args.no_progress)?;
-        let a = analysis::analyze(&tl, &opts).map_err(|m| Error::Usage(format!("{}: {m}", path.display())))?;
+        let a = analysis::analyze(&tl, &opts)
+            .map_err(|m| Error::Usage(format!("{}: {m}", path.display())))?;
         match args.format {
             Format::Json => match &mut combined {
                 None => combined = Some(a),
@@ -132,13 +137,19 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
         out = serde_json::to_string_pretty(&c).expect("serialises") + "\n";
     }
     match &args.output {
-        Some(p) => std::fs::write(p, out).map_err(|source| Error::Io { path: p.display().to_string(), source })?,
+        Some(p) => std::fs::write(p, out).map_err(|source| Error::Io {
+            path: p.display().to_string(),
+            source,
+        })?,
         None => {
             let mut stdout = std::io::stdout().lock();
             stdout
                 .write_all(out.as_bytes())
                 .and_then(|_| stdout.flush())
-                .map_err(|source| Error::Io { path: "<stdout>".into(), source })?;
+                .map_err(|source| Error::Io {
+                    path: "<stdout>".into(),
+                    source,
+                })?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -12,14 +12,23 @@ pub fn bytes(n: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    let digits = if v >= 100.0 { 0 } else if v >= 10.0 { 1 } else { 2 };
+    let digits = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
     format!("{v:.digits$} {}", UNITS[u])
 }
 
 /// Formats a signed byte difference: `+1.5 GiB`, `-512 B`.
 pub fn signed_bytes(n: i128) -> String {
     let sign = if n < 0 { "-" } else { "+" };
-    format!("{sign}{}", bytes(n.unsigned_abs().min(u64::MAX as u128) as u64))
+    format!(
+        "{sign}{}",
+        bytes(n.unsigned_abs().min(u64::MAX as u128) as u64)
+    )
 }
 
 /// Formats microseconds as a human duration: `850 µs`, `12.3 ms`, `4.56 s`, `3 min 20 s`.

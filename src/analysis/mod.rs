@@ -10,7 +10,10 @@ use serde::Serialize;
 
 use crate::timeline::replay::{Replay, State};
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
-use crate::timeline::{Action, AllocatorSettings, BlockState, CaptureInfo, DeviceTimeline, InputInfo, PoolKind, Timeline};
+use crate::timeline::{
+    Action, AllocatorSettings, BlockState, CaptureInfo, DeviceTimeline, InputInfo, PoolKind,
+    Timeline,
+};
 use crate::units::{bytes, duration_us};
 pub use stacks::{culprit, stack_frames, FrameView};
 
@@ -70,7 +73,11 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { at: At::Auto, top: 10, device: None }
+        Options {
+            at: At::Auto,
+            top: 10,
+            device: None,
+        }
     }
 }
 
@@ -232,7 +239,11 @@ pub fn analyze(tl: &Timeline, opts: &Options) -> Result<Analysis, String> {
             let have: Vec<String> = tl.devices.iter().map(|d| d.device.to_string()).collect();
             return Err(format!(
                 "--device {d}: no such device in the input (devices present: {})",
-                if have.is_empty() { "none".into() } else { have.join(", ") }
+                if have.is_empty() {
+                    "none".into()
+                } else {
+                    have.join(", ")
+                }
             ));
         }
     }
@@ -248,10 +259,17 @@ pub fn analyze(tl: &Timeline, opts: &Options) -> Result<Analysis, String> {
     })
 }
 
-fn analyze_device(tl: &Timeline, dev: &DeviceTimeline, opts: &Options) -> Result<DeviceReport, String> {
+fn analyze_device(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    opts: &Options,
+) -> Result<DeviceReport, String> {
     let replay = Replay::new(dev, tl.settings.as_ref());
     let events = &dev.events;
-    let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
+    let last_oom = events
+        .iter()
+        .rposition(|e| e.action == Action::Oom)
+        .map(|i| i as u32);
     let oom_count = events.iter().filter(|e| e.action == Action::Oom).count();
     let last = (!events.is_empty()).then(|| events.len() as u32 - 1);
     let (moment, idx): (&'static str, Option<u32>) = match &opts.at {
@@ -262,13 +280,22 @@ fn analyze_device(tl: &Timeline, dev: &DeviceTimeline, opts: &Options) -> Result
         },
         At::Oom => match last_oom {
             Some(i) => ("oom", Some(i)),
-            None => return Err(format!("--at oom: device {} has no OOM event in its trace", dev.device)),
+            None => {
+                return Err(format!(
+                    "--at oom: device {} has no OOM event in its trace",
+                    dev.device
+                ))
+            }
         },
         At::Peak => ("peak", replay.peak_allocated.1),
         At::End => ("end", last),
         At::Event(n) => {
             if (*n as usize) >= events.len() {
-                return Err(format!("--at event:{n}: device {} has {} trace events", dev.device, events.len()));
+                return Err(format!(
+                    "--at event:{n}: device {} has {} trace events",
+                    dev.device,
+                    events.len()
+                ));
             }
             ("time", Some(*n))
         }
@@ -276,23 +303,41 @@ fn analyze_device(tl: &Timeline, dev: &DeviceTimeline, opts: &Options) -> Result
             let t0 = events.iter().find_map(|e| e.time_us).ok_or_else(|| {
                 format!("--at with a time: device {}'s trace has no timestamps (torch < 2.2); use event:N", dev.device)
             })?;
-            let i = events.iter().rposition(|e| e.time_us.is_some_and(|t| t <= t0 + us));
+            let i = events
+                .iter()
+                .rposition(|e| e.time_us.is_some_and(|t| t <= t0 + us));
             ("time", i.map(|i| i as u32))
         }
     };
-    let state = if events.is_empty() { State::from_segments(&dev.segments) } else { replay.state_at(idx) };
+    let state = if events.is_empty() {
+        State::from_segments(&dev.segments)
+    } else {
+        replay.state_at(idx)
+    };
     let time_us = idx.and_then(|i| events[i as usize].time_us);
     let end = if events.is_empty() {
-        Totals { allocated_bytes: state.allocated, reserved_bytes: state.reserved, active_bytes: state.active }
+        Totals {
+            allocated_bytes: state.allocated,
+            reserved_bytes: state.reserved,
+            active_bytes: state.active,
+        }
     } else {
         let f = State::from_segments(&dev.segments);
-        Totals { allocated_bytes: f.allocated, reserved_bytes: f.reserved, active_bytes: f.active }
+        Totals {
+            allocated_bytes: f.allocated,
+            reserved_bytes: f.reserved,
+            active_bytes: f.active,
+        }
     };
 
     let free_by_pool = free_by_pool(&state);
-    let oom = (moment == "oom").then(|| idx).flatten().map(|i| {
+    let oom = (moment == "oom").then_some(idx).flatten().map(|i| {
         let e = &events[i as usize];
-        let pool = if e.size <= 1 << 20 { PoolKind::Small } else { PoolKind::Large };
+        let pool = if e.size <= 1 << 20 {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
         let (mut free, mut largest) = (0, 0);
         for p in &free_by_pool {
             let same_pool = p.pool == pool_name(Some(pool)) || p.pool == "unknown";
@@ -311,7 +356,10 @@ fn analyze_device(tl: &Timeline, dev: &DeviceTimeline, opts: &Options) -> Result
             cached_free_in_pool_bytes: free,
             largest_free_in_pool_bytes: largest,
             fits_in_cached_free: e.size <= free,
-            stack: stack_frames(tl, e.stack).iter().map(FrameView::full).collect(),
+            stack: stack_frames(tl, e.stack)
+                .iter()
+                .map(FrameView::full)
+                .collect(),
             culprit: culprit(tl, e.stack),
         }
     });
@@ -348,19 +396,28 @@ fn analyze_device(tl: &Timeline, dev: &DeviceTimeline, opts: &Options) -> Result
             bytes,
             count,
             culprit: culprit(tl, stack_id),
-            stack: stack_frames(tl, stack_id).iter().map(FrameView::full).collect(),
+            stack: stack_frames(tl, stack_id)
+                .iter()
+                .map(FrameView::full)
+                .collect(),
             stack_id,
         })
         .collect();
     by_stack.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack_id.cmp(&b.stack_id)));
     by_stack.truncate(opts.top);
 
-    let no_stack = live.iter().filter(|a| a.stack_id == EMPTY_STACK).fold((0usize, 0u64), |acc, a| (acc.0 + 1, acc.1 + a.bytes));
+    let no_stack = live
+        .iter()
+        .filter(|a| a.stack_id == EMPTY_STACK)
+        .fold((0usize, 0u64), |acc, a| (acc.0 + 1, acc.1 + a.bytes));
     let live_count = live.len();
     live.truncate(opts.top);
     for a in &mut live {
         a.culprit = culprit(tl, a.stack_id);
-        a.stack = stack_frames(tl, a.stack_id).iter().map(FrameView::full).collect();
+        a.stack = stack_frames(tl, a.stack_id)
+            .iter()
+            .map(FrameView::full)
+            .collect();
     }
 
     let mut actions: BTreeMap<&'static str, usize> = BTreeMap::new();
@@ -384,7 +441,10 @@ fn analyze_device(tl: &Timeline, dev: &DeviceTimeline, opts: &Options) -> Result
     let peak = (!events.is_empty()).then(|| PeakReport {
         allocated_bytes: replay.peak_allocated.0,
         event_index: replay.peak_allocated.1,
-        time_us: replay.peak_allocated.1.and_then(|i| events[i as usize].time_us),
+        time_us: replay
+            .peak_allocated
+            .1
+            .and_then(|i| events[i as usize].time_us),
         reserved_bytes: replay.peak_reserved.0,
     });
 
@@ -426,20 +486,22 @@ fn free_by_pool(state: &State) -> Vec<PoolFree> {
     let mut map: BTreeMap<(&'static str, u64, (i64, i64)), PoolFree> = BTreeMap::new();
     for (seg, _, b) in state.free_blocks() {
         let pool = pool_name(seg.kind);
-        let p = map.entry((pool, seg.stream, seg.pool_id)).or_insert(PoolFree {
-            pool,
-            stream: seg.stream,
-            pool_id: seg.pool_id,
-            free_bytes: 0,
-            largest_free_block_bytes: 0,
-            free_blocks: 0,
-        });
+        let p = map
+            .entry((pool, seg.stream, seg.pool_id))
+            .or_insert(PoolFree {
+                pool,
+                stream: seg.stream,
+                pool_id: seg.pool_id,
+                free_bytes: 0,
+                largest_free_block_bytes: 0,
+                free_blocks: 0,
+            });
         p.free_bytes += b.size;
         p.largest_free_block_bytes = p.largest_free_block_bytes.max(b.size);
         p.free_blocks += 1;
     }
     let mut v: Vec<PoolFree> = map.into_values().collect();
-    v.sort_by(|a, b| b.free_bytes.cmp(&a.free_bytes));
+    v.sort_by_key(|p| std::cmp::Reverse(p.free_bytes));
     v
 }
 
@@ -503,9 +565,18 @@ fn notes(
         .segments
         .iter()
         .filter(|s| {
-            let alloc: u64 =
-                s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.size).sum();
-            let active: u64 = s.blocks.iter().filter(|b| b.state != BlockState::Inactive).map(|b| b.size).sum();
+            let alloc: u64 = s
+                .blocks
+                .iter()
+                .filter(|b| b.state == BlockState::ActiveAllocated)
+                .map(|b| b.size)
+                .sum();
+            let active: u64 = s
+                .blocks
+                .iter()
+                .filter(|b| b.state != BlockState::Inactive)
+                .map(|b| b.size)
+                .sum();
             let total: u64 = s.blocks.iter().map(|b| b.size).sum();
             s.declared_allocated.is_some_and(|d| d != alloc)
                 || s.declared_active.is_some_and(|d| d != active)

@@ -87,8 +87,15 @@ pub fn folded(tl: &Timeline, stack: StackId, max_lines: usize) -> Vec<(bool, Str
             }
             let n = i - start;
             // The innermost library frame is the one that says what kind of allocation this is.
-            let shown = frames[start..i].iter().find(|f| f.filename.ends_with(".py")).unwrap_or(&frames[start]);
-            let text = if n == 1 { shown.short() } else { format!("{} (+{} library frames)", shown.short(), n - 1) };
+            let shown = frames[start..i]
+                .iter()
+                .find(|f| f.filename.ends_with(".py"))
+                .unwrap_or(&frames[start]);
+            let text = if n == 1 {
+                shown.short()
+            } else {
+                format!("{} (+{} library frames)", shown.short(), n - 1)
+            };
             out.push((true, text));
         } else {
             out.push((false, frames[i].short()));

@@ -191,7 +191,7 @@ impl std::ops::Deref for ListItems<'_> {
 }
 
 /// Looks a key up in interleaved dict items.
-pub fn dict_get<'a>(items: &'a [Value], key: StrId) -> Option<&'a Value> {
+pub fn dict_get(items: &[Value], key: StrId) -> Option<&Value> {
     items
         .chunks_exact(2)
         .find(|kv| matches!(kv[0], Value::Str(k) if k == key))
@@ -231,8 +231,14 @@ pub enum PickleError {
         "byte {offset}: opcode {name} (0x{op:02x}) would import or call Python code; oomdoc never executes a \
          pickle, and a genuine memory snapshot holds only plain data"
     )]
-    Forbidden { offset: u64, op: u8, name: &'static str },
-    #[error("byte {offset}: unknown pickle opcode 0x{op:02x}; the file is corrupt or not a pickle")]
+    Forbidden {
+        offset: u64,
+        op: u8,
+        name: &'static str,
+    },
+    #[error(
+        "byte {offset}: unknown pickle opcode 0x{op:02x}; the file is corrupt or not a pickle"
+    )]
     UnknownOpcode { offset: u64, op: u8 },
     #[error("the file ends at byte {offset} inside {what}: it is truncated")]
     Truncated { offset: u64, what: &'static str },
@@ -261,7 +267,15 @@ struct Input<R> {
 
 impl<R: Read> Input<R> {
     fn new(src: R) -> Self {
-        Input { src, buf: vec![0; BUF_SIZE], pos: 0, end: 0, base: 0, eof: false, progress: None }
+        Input {
+            src,
+            buf: vec![0; BUF_SIZE],
+            pos: 0,
+            end: 0,
+            base: 0,
+            eof: false,
+            progress: None,
+        }
     }
 
     #[inline]
@@ -293,7 +307,12 @@ impl<R: Read> Input<R> {
                 Ok(0) => self.eof = true,
                 Ok(k) => self.end += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(PickleError::Io { offset: self.base + self.end as u64, source: e }),
+                Err(e) => {
+                    return Err(PickleError::Io {
+                        offset: self.base + self.end as u64,
+                        source: e,
+                    })
+                }
             }
         }
         if let Some(p) = self.progress.as_mut() {
@@ -305,7 +324,10 @@ impl<R: Read> Input<R> {
     #[inline]
     fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], PickleError> {
         if self.end - self.pos < n && !self.fill(n)? {
-            return Err(PickleError::Truncated { offset: self.base + self.end as u64, what });
+            return Err(PickleError::Truncated {
+                offset: self.base + self.end as u64,
+                what,
+            });
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -370,7 +392,9 @@ impl Memo {
     }
     #[inline]
     fn get(&self, idx: u32) -> Option<&Value> {
-        self.dense.get(idx as usize).or_else(|| self.sparse.get(&idx))
+        self.dense
+            .get(idx as usize)
+            .or_else(|| self.sparse.get(&idx))
     }
     fn get_mut(&mut self, idx: u32) -> Option<&mut Value> {
         match self.dense.get_mut(idx as usize) {
@@ -404,10 +428,14 @@ pub fn read<R: Read, B: Builder>(
         if input.end == 0 {
             return Err(PickleError::Empty);
         }
-        return Err(PickleError::NotAPickle { found: describe_byte(input.buf[0]) });
+        return Err(PickleError::NotAPickle {
+            found: describe_byte(input.buf[0]),
+        });
     }
     if input.buf[0] != 0x80 {
-        return Err(PickleError::NotAPickle { found: describe_byte(input.buf[0]) });
+        return Err(PickleError::NotAPickle {
+            found: describe_byte(input.buf[0]),
+        });
     }
     let protocol = input.buf[1];
     if protocol > 5 {
@@ -416,9 +444,20 @@ pub fn read<R: Read, B: Builder>(
             message: format!("pickle protocol {protocol} is newer than any known (0–5)"),
         });
     }
-    let mut m = Machine { stack: Vec::with_capacity(64), marks: Vec::new(), memo: Memo::default(), strings, builder };
+    let mut m = Machine {
+        stack: Vec::with_capacity(64),
+        marks: Vec::new(),
+        memo: Memo::default(),
+        strings,
+        builder,
+    };
     let value = m.run(&mut input)?;
-    Ok(Parsed { value, strings: m.strings, protocol, bytes_read: input.offset() })
+    Ok(Parsed {
+        value,
+        strings: m.strings,
+        protocol,
+        bytes_read: input.offset(),
+    })
 }
 
 fn describe_byte(b: u8) -> String {
@@ -450,19 +489,30 @@ fn forbidden_name(op: u8) -> Option<&'static str> {
 
 impl<B: Builder> Machine<'_, B> {
     fn err(offset: u64, message: impl Into<String>) -> PickleError {
-        PickleError::Malformed { offset, message: message.into() }
+        PickleError::Malformed {
+            offset,
+            message: message.into(),
+        }
     }
 
     #[inline]
     fn pop(&mut self, off: u64, what: &str) -> Result<Value, PickleError> {
-        self.stack.pop().ok_or_else(|| Self::err(off, format!("{what} needs a value but the stack is empty")))
+        self.stack
+            .pop()
+            .ok_or_else(|| Self::err(off, format!("{what} needs a value but the stack is empty")))
     }
 
     #[inline]
     fn pop_mark(&mut self, off: u64, what: &str) -> Result<usize, PickleError> {
-        let m = self.marks.pop().ok_or_else(|| Self::err(off, format!("{what} without a preceding MARK")))?;
+        let m = self
+            .marks
+            .pop()
+            .ok_or_else(|| Self::err(off, format!("{what} without a preceding MARK")))?;
         if m > self.stack.len() {
-            return Err(Self::err(off, format!("{what}: MARK points past the stack")));
+            return Err(Self::err(
+                off,
+                format!("{what}: MARK points past the stack"),
+            ));
         }
         Ok(m)
     }
@@ -488,7 +538,9 @@ impl<B: Builder> Machine<'_, B> {
                 0x89 => self.stack.push(Value::Bool(false)),
                 b'J' => {
                     let b = input.take(4, "BININT")?;
-                    self.stack.push(Value::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64));
+                    self.stack.push(Value::Int(
+                        i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64
+                    ));
                 }
                 b'K' => {
                     let b = input.byte("BININT1")?;
@@ -496,7 +548,8 @@ impl<B: Builder> Machine<'_, B> {
                 }
                 b'M' => {
                     let b = input.take(2, "BININT2")?;
-                    self.stack.push(Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64));
+                    self.stack
+                        .push(Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64));
                 }
                 0x8a => {
                     let n = input.byte("LONG1")? as usize;
@@ -566,7 +619,11 @@ impl<B: Builder> Machine<'_, B> {
                     self.stack.push(Value::Bytes(b.into()));
                 }
                 0x8e | 0x96 => {
-                    let what = if op == 0x8e { "BINBYTES8" } else { "BYTEARRAY8" };
+                    let what = if op == 0x8e {
+                        "BINBYTES8"
+                    } else {
+                        "BYTEARRAY8"
+                    };
                     let n = len8(input, what)?;
                     let b = input.take(n, what)?;
                     self.stack.push(Value::Bytes(b.into()));
@@ -576,7 +633,13 @@ impl<B: Builder> Machine<'_, B> {
                     let what = if op == b'I' { "INT" } else { "LONG" };
                     let line = input.line(what)?;
                     self.stack.push(text_int(&line).ok_or_else(|| {
-                        Self::err(off, format!("{what}: not an integer: {:?}", String::from_utf8_lossy(&line)))
+                        Self::err(
+                            off,
+                            format!(
+                                "{what}: not an integer: {:?}",
+                                String::from_utf8_lossy(&line)
+                            ),
+                        )
                     })?);
                 }
                 b'F' => {
@@ -590,7 +653,8 @@ impl<B: Builder> Machine<'_, B> {
                 b'S' => {
                     let line = input.line("STRING")?;
                     let t = line.strip_prefix(b"'").and_then(|l| l.strip_suffix(b"'"));
-                    let t = t.or_else(|| line.strip_prefix(b"\"").and_then(|l| l.strip_suffix(b"\"")));
+                    let t =
+                        t.or_else(|| line.strip_prefix(b"\"").and_then(|l| l.strip_suffix(b"\"")));
                     let t = t.ok_or_else(|| Self::err(off, "STRING: not a quoted string"))?;
                     let id = self.strings.intern_bytes(t);
                     self.stack.push(Value::Str(id));
@@ -608,7 +672,10 @@ impl<B: Builder> Machine<'_, B> {
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
                     if self.stack.len() < n {
-                        return Err(Self::err(off, "TUPLE1/2/3 needs more values than the stack holds"));
+                        return Err(Self::err(
+                            off,
+                            "TUPLE1/2/3 needs more values than the stack holds",
+                        ));
                     }
                     let at = self.stack.len() - n;
                     let t = self.make_tuple(at, off)?;
@@ -670,7 +737,11 @@ impl<B: Builder> Machine<'_, B> {
                     self.stack.truncate(at);
                 }
                 b'2' => {
-                    let top = self.stack.last().cloned().ok_or_else(|| Self::err(off, "DUP on an empty stack"))?;
+                    let top = self
+                        .stack
+                        .last()
+                        .cloned()
+                        .ok_or_else(|| Self::err(off, "DUP on an empty stack"))?;
                     self.stack.push(top);
                 }
                 // Memo.
@@ -688,7 +759,8 @@ impl<B: Builder> Machine<'_, B> {
                 }
                 b'p' => {
                     let line = input.line("PUT")?;
-                    let idx = text_index(&line).ok_or_else(|| Self::err(off, "PUT: bad memo index"))?;
+                    let idx =
+                        text_index(&line).ok_or_else(|| Self::err(off, "PUT: bad memo index"))?;
                     self.memoize(idx, off)?;
                 }
                 b'h' => {
@@ -701,11 +773,16 @@ impl<B: Builder> Machine<'_, B> {
                 }
                 b'g' => {
                     let line = input.line("GET")?;
-                    let idx = text_index(&line).ok_or_else(|| Self::err(off, "GET: bad memo index"))?;
+                    let idx =
+                        text_index(&line).ok_or_else(|| Self::err(off, "GET: bad memo index"))?;
                     self.recall(idx, off)?;
                 }
                 0x97 | 0x98 => {
-                    let name = if op == 0x97 { "NEXT_BUFFER" } else { "READONLY_BUFFER" };
+                    let name = if op == 0x97 {
+                        "NEXT_BUFFER"
+                    } else {
+                        "READONLY_BUFFER"
+                    };
                     return Err(Self::err(
                         off,
                         format!("opcode {name} (0x{op:02x}) refers to an out-of-band buffer; a memory snapshot has none"),
@@ -713,7 +790,11 @@ impl<B: Builder> Machine<'_, B> {
                 }
                 _ => {
                     if let Some(name) = forbidden_name(op) {
-                        return Err(PickleError::Forbidden { offset: off, op, name });
+                        return Err(PickleError::Forbidden {
+                            offset: off,
+                            op,
+                            name,
+                        });
                     }
                     return Err(PickleError::UnknownOpcode { offset: off, op });
                 }
@@ -738,7 +819,10 @@ impl<B: Builder> Machine<'_, B> {
     }
 
     fn memoize(&mut self, idx: u32, off: u64) -> Result<(), PickleError> {
-        let top = self.stack.last_mut().ok_or_else(|| Self::err(off, "memo store with an empty stack"))?;
+        let top = self
+            .stack
+            .last_mut()
+            .ok_or_else(|| Self::err(off, "memo store with an empty stack"))?;
         match top {
             // A pending container learns its slot so the memo can be updated when it closes.
             Value::PendingList(slot) | Value::PendingDict(slot) if *slot == NO_SLOT => {
@@ -754,18 +838,29 @@ impl<B: Builder> Machine<'_, B> {
     fn recall(&mut self, idx: u32, off: u64) -> Result<(), PickleError> {
         let v = match self.memo.get(idx) {
             Some(v) => v.clone(),
-            None => return Err(Self::err(off, format!("memo reference {idx} to a value never stored"))),
+            None => {
+                return Err(Self::err(
+                    off,
+                    format!("memo reference {idx} to a value never stored"),
+                ))
+            }
         };
         // A reference to a container that is still being filled (only a self-referencing structure does that):
         // give it real shared storage now, so both references see the same items.
         let v = match v {
             Value::PendingList(slot) if slot == idx => {
-                let l = Value::List(Rc::new(RefCell::new(List { depth: 1, items: Vec::new() })));
+                let l = Value::List(Rc::new(RefCell::new(List {
+                    depth: 1,
+                    items: Vec::new(),
+                })));
                 self.memo.put(idx, l.clone());
                 l
             }
             Value::PendingDict(slot) if slot == idx => {
-                let d = Value::Dict(Rc::new(RefCell::new(Dict { depth: 1, items: Vec::new() })));
+                let d = Value::Dict(Rc::new(RefCell::new(Dict {
+                    depth: 1,
+                    items: Vec::new(),
+                })));
                 self.memo.put(idx, d.clone());
                 d
             }
@@ -784,7 +879,11 @@ impl<B: Builder> Machine<'_, B> {
         }
         match &self.stack[target] {
             &Value::PendingList(slot) => {
-                let shared = if slot != NO_SLOT { self.memo.get(slot).cloned() } else { None };
+                let shared = if slot != NO_SLOT {
+                    self.memo.get(slot).cloned()
+                } else {
+                    None
+                };
                 if let Some(Value::List(rc)) = shared {
                     let mut l = rc.borrow_mut();
                     l.depth = l.depth.max(item_depth + 1);
@@ -793,7 +892,11 @@ impl<B: Builder> Machine<'_, B> {
                     self.stack[target] = Value::List(rc);
                     return Ok(());
                 }
-                let replaced = if n < BATCH { self.builder.close_list(&self.stack[at..]) } else { None };
+                let replaced = if n < BATCH {
+                    self.builder.close_list(&self.stack[at..])
+                } else {
+                    None
+                };
                 let v = match replaced {
                     Some(v) => {
                         self.stack.truncate(at);
@@ -801,7 +904,10 @@ impl<B: Builder> Machine<'_, B> {
                     }
                     None => {
                         let items = self.stack.split_off(at);
-                        Value::List(Rc::new(RefCell::new(List { depth: item_depth + 1, items })))
+                        Value::List(Rc::new(RefCell::new(List {
+                            depth: item_depth + 1,
+                            items,
+                        })))
                     }
                 };
                 if slot != NO_SLOT {
@@ -818,7 +924,10 @@ impl<B: Builder> Machine<'_, B> {
                 l.items.extend(self.stack.drain(at..));
             }
             other => {
-                return Err(Self::err(off, format!("APPEND(S) onto {} instead of a list", other.type_name())));
+                return Err(Self::err(
+                    off,
+                    format!("APPEND(S) onto {} instead of a list", other.type_name()),
+                ));
             }
         }
         Ok(())
@@ -827,8 +936,11 @@ impl<B: Builder> Machine<'_, B> {
     /// Moves key/value pairs `stack[at..]` into the dict at `stack[target]`, letting the builder replace it.
     fn extend_dict(&mut self, at: usize, target: usize, off: u64) -> Result<(), PickleError> {
         let n = self.stack.len() - at;
-        if n % 2 != 0 {
-            return Err(Self::err(off, "SETITEMS with an odd number of keys and values"));
+        if !n.is_multiple_of(2) {
+            return Err(Self::err(
+                off,
+                "SETITEMS with an odd number of keys and values",
+            ));
         }
         let item_depth = self.stack[at..].iter().map(Value::depth).max().unwrap_or(0);
         if item_depth + 1 > MAX_DEPTH {
@@ -836,7 +948,11 @@ impl<B: Builder> Machine<'_, B> {
         }
         match &self.stack[target] {
             &Value::PendingDict(slot) => {
-                let shared = if slot != NO_SLOT { self.memo.get(slot).cloned() } else { None };
+                let shared = if slot != NO_SLOT {
+                    self.memo.get(slot).cloned()
+                } else {
+                    None
+                };
                 if let Some(Value::Dict(rc)) = shared {
                     let mut d = rc.borrow_mut();
                     d.depth = d.depth.max(item_depth + 1);
@@ -846,7 +962,9 @@ impl<B: Builder> Machine<'_, B> {
                     return Ok(());
                 }
                 let replaced = if n / 2 < BATCH {
-                    self.builder.close_dict(&self.strings, &self.stack[at..]).map_err(|m| Self::err(off, m))?
+                    self.builder
+                        .close_dict(&self.strings, &self.stack[at..])
+                        .map_err(|m| Self::err(off, m))?
                 } else {
                     None
                 };
@@ -857,7 +975,10 @@ impl<B: Builder> Machine<'_, B> {
                     }
                     None => {
                         let items = self.stack.split_off(at);
-                        Value::Dict(Rc::new(RefCell::new(Dict { depth: item_depth + 1, items })))
+                        Value::Dict(Rc::new(RefCell::new(Dict {
+                            depth: item_depth + 1,
+                            items,
+                        })))
                     }
                 };
                 if slot != NO_SLOT {
@@ -874,7 +995,10 @@ impl<B: Builder> Machine<'_, B> {
                 d.items.extend(self.stack.drain(at..));
             }
             other => {
-                return Err(Self::err(off, format!("SETITEM(S) into {} instead of a dict", other.type_name())));
+                return Err(Self::err(
+                    off,
+                    format!("SETITEM(S) into {} instead of a dict", other.type_name()),
+                ));
             }
         }
         Ok(())
@@ -886,8 +1010,10 @@ fn len8<R: Read>(input: &mut Input<R>, what: &'static str) -> Result<usize, Pick
     let b = input.take(8, what)?;
     let mut a = [0u8; 8];
     a.copy_from_slice(b);
-    usize::try_from(u64::from_le_bytes(a))
-        .map_err(|_| PickleError::Malformed { offset: off, message: format!("{what}: length does not fit") })
+    usize::try_from(u64::from_le_bytes(a)).map_err(|_| PickleError::Malformed {
+        offset: off,
+        message: format!("{what}: length does not fit"),
+    })
 }
 
 fn long_value(b: &[u8]) -> Value {
@@ -963,7 +1089,9 @@ mod tests {
     #[test]
     fn memo_shares_rather_than_copies() {
         // [L, L] where L = [1] memoized: both items are the same Rc.
-        let p = [0x80, 4, b']', 0x94, b'(', b']', 0x94, b'K', 1, b'a', b'h', 1, b'e', b'.'];
+        let p = [
+            0x80, 4, b']', 0x94, b'(', b']', 0x94, b'K', 1, b'a', b'h', 1, b'e', b'.',
+        ];
         let v = parse(&p).unwrap().value;
         let items = v.list_items().unwrap();
         match (&items[0], &items[1]) {
@@ -976,7 +1104,17 @@ mod tests {
     fn refuses_code_execution_opcodes() {
         let p = b"\x80\x02cos\nsystem\nq\x00X\x0a\x00\x00\x00echo pwnedq\x01\x85q\x02Rq\x03.";
         let e = parse(p).err().unwrap();
-        assert!(matches!(e, PickleError::Forbidden { name: "GLOBAL", offset: 2, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                PickleError::Forbidden {
+                    name: "GLOBAL",
+                    offset: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]
@@ -988,12 +1126,8 @@ mod tests {
     #[test]
     fn deep_nesting_is_refused_not_overflowed() {
         let mut p = vec![0x80, 4];
-        for _ in 0..10_000 {
-            p.push(b']');
-        }
-        for _ in 0..9_999 {
-            p.push(b'a');
-        }
+        p.extend(std::iter::repeat_n(b']', 10_000));
+        p.extend(std::iter::repeat_n(b'a', 9_999));
         p.push(b'.');
         let e = parse(&p).err().unwrap();
         assert!(matches!(e, PickleError::TooDeep { .. }), "{e}");
@@ -1002,7 +1136,10 @@ mod tests {
     #[test]
     fn sparse_memo_index_costs_one_entry() {
         // LONG_BINPUT 0xFFFFFFF0 then LONG_BINGET it.
-        let p = [0x80, 4, b'K', 7, b'r', 0xf0, 0xff, 0xff, 0xff, b'0', b'j', 0xf0, 0xff, 0xff, 0xff, b'.'];
+        let p = [
+            0x80, 4, b'K', 7, b'r', 0xf0, 0xff, 0xff, 0xff, b'0', b'j', 0xf0, 0xff, 0xff, 0xff,
+            b'.',
+        ];
         assert_eq!(parse(&p).unwrap().value.as_i64(), Some(7));
     }
 }

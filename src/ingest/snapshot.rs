@@ -8,7 +8,7 @@ use std::io::Read;
 use super::pickle::{self, dict_get, Builder, Value};
 use crate::timeline::stacks::{Frame, StackId, Stacks, StrId, Strings, EMPTY_STACK};
 use crate::timeline::{
-    Action, Annotation, AllocatorSettings, Block, BlockState, DeviceTimeline, Event, PoolKind,
+    Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTimeline, Event, PoolKind,
     Segment, Timeline, NO_STR,
 };
 
@@ -119,7 +119,12 @@ struct SnapshotBuilder {
 }
 
 fn want_u64(v: &Value, key: &str, what: &str) -> Result<u64, String> {
-    v.as_u64().ok_or_else(|| format!("{what}: '{key}' is {}, expected a non-negative int", v.type_name()))
+    v.as_u64().ok_or_else(|| {
+        format!(
+            "{what}: '{key}' is {}, expected a non-negative int",
+            v.type_name()
+        )
+    })
 }
 
 impl SnapshotBuilder {
@@ -137,13 +142,24 @@ impl SnapshotBuilder {
             }
             // Other keys (2.10's fx_node_* / fx_original_trace) are tolerated.
         }
-        let f = Frame { filename: filename?, name: name?, line };
+        let f = Frame {
+            filename: filename?,
+            name: name?,
+            line,
+        };
         Some(Value::Custom(FRAME, self.stacks.intern_frame(f)))
     }
 
     fn trace_entry(&mut self, strings: &Strings, items: &[Value]) -> Result<Value, String> {
         let SnapshotBuilder {
-            k, stacks, frame_buf, events, seen_time, seen_compile_context, seen_user_metadata, seen_pool_id,
+            k,
+            stacks,
+            frame_buf,
+            events,
+            seen_time,
+            seen_compile_context,
+            seen_user_metadata,
+            seen_pool_id,
         } = self;
         let mut e = Event {
             action: Action::Unknown,
@@ -162,7 +178,9 @@ impl SnapshotBuilder {
             let Value::Str(key) = kv[0] else { continue };
             let v = &kv[1];
             if key == k.action {
-                let s = v.as_str_id().ok_or_else(|| format!("{W}: 'action' is {}, expected a str", v.type_name()))?;
+                let s = v
+                    .as_str_id()
+                    .ok_or_else(|| format!("{W}: 'action' is {}, expected a str", v.type_name()))?;
                 e.action = Action::from_name(strings.get(s));
             } else if key == k.addr {
                 e.addr = want_u64(v, "addr", W)?;
@@ -170,16 +188,26 @@ impl SnapshotBuilder {
                 e.size = want_u64(v, "size", W)?;
             } else if key == k.stream {
                 // A stream is a raw pointer; a negative value (never seen) is kept as its bit pattern.
-                e.stream = v.as_u64().or_else(|| v.as_i64().map(|i| i as u64)).ok_or_else(|| {
-                    format!("{W}: 'stream' is {}, expected an int", v.type_name())
-                })?;
+                e.stream = v
+                    .as_u64()
+                    .or_else(|| v.as_i64().map(|i| i as u64))
+                    .ok_or_else(|| {
+                        format!("{W}: 'stream' is {}, expected an int", v.type_name())
+                    })?;
             } else if key == k.device_free {
                 e.device_free = Some(want_u64(v, "device_free", W)?);
             } else if key == k.time_us {
-                e.time_us = Some(v.as_i64().ok_or_else(|| format!("{W}: 'time_us' is {}, expected an int", v.type_name()))?);
+                e.time_us = Some(v.as_i64().ok_or_else(|| {
+                    format!("{W}: 'time_us' is {}, expected an int", v.type_name())
+                })?);
                 *seen_time = true;
             } else if key == k.frames {
-                e.stack = stack_of(stacks, frame_buf, v).ok_or_else(|| format!("{W}: 'frames' is {}, expected a list of frames", v.type_name()))?;
+                e.stack = stack_of(stacks, frame_buf, v).ok_or_else(|| {
+                    format!(
+                        "{W}: 'frames' is {}, expected a list of frames",
+                        v.type_name()
+                    )
+                })?;
             } else if key == k.compile_context {
                 e.compile_context = v.as_str_id().unwrap_or(NO_STR);
                 *seen_compile_context = true;
@@ -194,32 +222,32 @@ impl SnapshotBuilder {
         if e.action == Action::Unknown && dict_get(items, k.action).is_none() {
             return Err(format!("{W} without an 'action'"));
         }
-        let idx = u32::try_from(events.len()).map_err(|_| "more than 4 billion trace entries".to_string())?;
+        let idx = u32::try_from(events.len())
+            .map_err(|_| "more than 4 billion trace entries".to_string())?;
         events.push(e);
         Ok(Value::Custom(TRACE, idx))
     }
-
 }
 
 /// The stack a `frames` value stands for; `None` if it is not a list of frames.
 fn stack_of(stacks: &mut Stacks, frame_buf: &mut Vec<u32>, v: &Value) -> Option<StackId> {
-        match v {
-            Value::Custom(STACK, id) => Some(*id),
-            Value::PendingList(_) => Some(EMPTY_STACK),
-            Value::List(_) | Value::Tuple(_) => {
-                // A stack of a thousand frames or more arrives in several batches and stays generic until now.
-                let items = v.list_items()?;
-                frame_buf.clear();
-                for it in items.iter() {
-                    match it {
-                        Value::Custom(FRAME, f) => frame_buf.push(*f),
-                        _ => return None,
-                    }
+    match v {
+        Value::Custom(STACK, id) => Some(*id),
+        Value::PendingList(_) => Some(EMPTY_STACK),
+        Value::List(_) | Value::Tuple(_) => {
+            // A stack of a thousand frames or more arrives in several batches and stays generic until now.
+            let items = v.list_items()?;
+            frame_buf.clear();
+            for it in items.iter() {
+                match it {
+                    Value::Custom(FRAME, f) => frame_buf.push(*f),
+                    _ => return None,
                 }
-                Some(stacks.intern_stack(frame_buf))
             }
-            _ => None,
+            Some(stacks.intern_stack(frame_buf))
         }
+        _ => None,
+    }
 }
 
 fn pair(v: &Value) -> Option<(i64, i64)> {
@@ -278,7 +306,10 @@ pub struct Snapshot {
 }
 
 /// Reads a snapshot from a stream. `Err` carries a message without the path; the caller adds it.
-pub fn read<R: Read>(src: R, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Snapshot, SnapshotError> {
+pub fn read<R: Read>(
+    src: R,
+    progress: Option<Box<dyn FnMut(u64)>>,
+) -> Result<Snapshot, SnapshotError> {
     let mut strings = Strings::default();
     let k = Keys::new(&mut strings);
     let mut b = SnapshotBuilder {
@@ -292,8 +323,16 @@ pub fn read<R: Read>(src: R, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Sn
         seen_pool_id: false,
     };
     let parsed = pickle::read(src, &mut b, strings, progress)?;
-    let SnapshotBuilder { k, stacks, events: all_events, seen_time, seen_compile_context, seen_user_metadata, seen_pool_id, .. } =
-        b;
+    let SnapshotBuilder {
+        k,
+        stacks,
+        events: all_events,
+        seen_time,
+        seen_compile_context,
+        seen_user_metadata,
+        seen_pool_id,
+        ..
+    } = b;
     let mut d = Decoder {
         k: &k,
         strings: &parsed.strings,
@@ -338,17 +377,26 @@ pub fn read<R: Read>(src: R, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Sn
         }
         if let Some(segs) = segs {
             let list = segs.list_items().ok_or_else(|| {
-                SnapshotError::Shape(format!("'segments' is {}, expected a list", segs.type_name()))
+                SnapshotError::Shape(format!(
+                    "'segments' is {}, expected a list",
+                    segs.type_name()
+                ))
             })?;
             d.segments(&list, &mut tl, &mut version)?;
         }
         if let Some(traces) = traces {
             let lists = traces.list_items().ok_or_else(|| {
-                SnapshotError::Shape(format!("'device_traces' is {}, expected a list of lists", traces.type_name()))
+                SnapshotError::Shape(format!(
+                    "'device_traces' is {}, expected a list of lists",
+                    traces.type_name()
+                ))
             })?;
             for (dev, list) in lists.iter().enumerate() {
                 let entries = list.list_items().ok_or_else(|| {
-                    SnapshotError::Shape(format!("device_traces[{dev}] is {}, expected a list", list.type_name()))
+                    SnapshotError::Shape(format!(
+                        "device_traces[{dev}] is {}, expected a list",
+                        list.type_name()
+                    ))
                 })?;
                 if entries.is_empty() {
                     continue;
@@ -401,7 +449,12 @@ pub fn read<R: Read>(src: R, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Sn
     tl.stacks = d.stacks;
     tl.strings = parsed.strings;
     fill_capture_info(&mut tl, version.time);
-    Ok(Snapshot { timeline: tl, format_version, protocol: parsed.protocol, bytes: parsed.bytes_read })
+    Ok(Snapshot {
+        timeline: tl,
+        format_version,
+        protocol: parsed.protocol,
+        bytes: parsed.bytes_read,
+    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -416,14 +469,27 @@ fn fill_capture_info(tl: &mut Timeline, time: bool) {
     let c = &mut tl.capture;
     c.time_stamps = time;
     c.has_trace = tl.devices.iter().any(|d| !d.events.is_empty());
-    c.trace_stacks = tl.devices.iter().flat_map(|d| &d.events).any(|e| e.stack != EMPTY_STACK);
-    c.block_stacks =
-        tl.devices.iter().flat_map(|d| &d.segments).flat_map(|s| &s.blocks).any(|b| b.stack != EMPTY_STACK);
+    c.trace_stacks = tl
+        .devices
+        .iter()
+        .flat_map(|d| &d.events)
+        .any(|e| e.stack != EMPTY_STACK);
+    c.block_stacks = tl
+        .devices
+        .iter()
+        .flat_map(|d| &d.segments)
+        .flat_map(|s| &s.blocks)
+        .any(|b| b.stack != EMPTY_STACK);
     c.cpp_frames = (0..tl.stacks.frame_count() as u32).any(|f| {
         let name = tl.strings.get(tl.stacks.frame(f).filename);
         name.ends_with(".cpp") || name.ends_with(".h") || name.ends_with(".cc") || name == "??"
     });
-    c.unknown_actions = tl.devices.iter().flat_map(|d| &d.events).filter(|e| e.action == Action::Unknown).count();
+    c.unknown_actions = tl
+        .devices
+        .iter()
+        .flat_map(|d| &d.events)
+        .filter(|e| e.action == Action::Unknown)
+        .count();
 }
 
 /// Key evidence for telling versions apart (no version field exists; see the format notes §10).
@@ -504,7 +570,12 @@ impl Decoder<'_> {
         dict_get(items, key)
     }
 
-    fn u64_field(&self, items: &[Value], key: StrId, ctx: &dyn Fn() -> String) -> Result<Option<u64>, SnapshotError> {
+    fn u64_field(
+        &self,
+        items: &[Value],
+        key: StrId,
+        ctx: &dyn Fn() -> String,
+    ) -> Result<Option<u64>, SnapshotError> {
         match self.get(items, key) {
             None => Ok(None),
             Some(v) => v.as_u64().map(Some).ok_or_else(|| {
@@ -519,12 +590,19 @@ impl Decoder<'_> {
     }
 
     fn stack(&mut self, v: Option<&Value>) -> StackId {
-        v.and_then(|v| stack_of(&mut self.stacks, &mut self.frame_buf, v)).unwrap_or(EMPTY_STACK)
+        v.and_then(|v| stack_of(&mut self.stacks, &mut self.frame_buf, v))
+            .unwrap_or(EMPTY_STACK)
     }
 
-    fn need(&self, items: &[Value], key: StrId, ctx: &dyn Fn() -> String) -> Result<u64, SnapshotError> {
-        self.u64_field(items, key, ctx)?
-            .ok_or_else(|| SnapshotError::Shape(format!("{}: missing '{}'", ctx(), self.strings.get(key))))
+    fn need(
+        &self,
+        items: &[Value],
+        key: StrId,
+        ctx: &dyn Fn() -> String,
+    ) -> Result<u64, SnapshotError> {
+        self.u64_field(items, key, ctx)?.ok_or_else(|| {
+            SnapshotError::Shape(format!("{}: missing '{}'", ctx(), self.strings.get(key)))
+        })
     }
 
     fn segments(
@@ -538,17 +616,27 @@ impl Decoder<'_> {
         for (si, seg) in list.iter().enumerate() {
             let ctx = || format!("segments[{si}]");
             let items = seg.dict_items().ok_or_else(|| {
-                SnapshotError::Shape(format!("{}: is {}, expected a segment dict", ctx(), seg.type_name()))
+                SnapshotError::Shape(format!(
+                    "{}: is {}, expected a segment dict",
+                    ctx(),
+                    seg.type_name()
+                ))
             })?;
             let device = match self.get(&items, k.device) {
                 Some(v) => v.as_i64().ok_or_else(|| {
-                    SnapshotError::Shape(format!("{}: 'device' is {}, expected an int", ctx(), v.type_name()))
+                    SnapshotError::Shape(format!(
+                        "{}: 'device' is {}, expected an int",
+                        ctx(),
+                        v.type_name()
+                    ))
                 })?,
                 None => 0,
             };
             let address = self.need(&items, k.address, &ctx)?;
             let total_size = self.need(&items, k.total_size, &ctx)?;
-            let stream = self.get(&items, k.stream).and_then(|v| v.as_u64().or(v.as_i64().map(|i| i as u64)));
+            let stream = self
+                .get(&items, k.stream)
+                .and_then(|v| v.as_u64().or(v.as_i64().map(|i| i as u64)));
             let kind = match self.get(&items, k.segment_type) {
                 Some(Value::Str(s)) if *s == k.small => PoolKind::Small,
                 _ => PoolKind::Large,
@@ -560,7 +648,10 @@ impl Decoder<'_> {
                 }
                 None => (0, 0),
             };
-            let expandable = self.get(&items, k.is_expandable).and_then(Value::as_bool).unwrap_or(false);
+            let expandable = self
+                .get(&items, k.is_expandable)
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
             let seg_stack = self.stack(self.get(&items, k.frames));
             let declared_allocated = self.u64_field(&items, k.allocated_size, &ctx)?;
             let declared_active = self.u64_field(&items, k.active_size, &ctx)?;
@@ -569,7 +660,11 @@ impl Decoder<'_> {
                 .get(&items, k.blocks)
                 .ok_or_else(|| SnapshotError::Shape(format!("{}: missing 'blocks'", ctx())))?;
             let blist = blocks_v.list_items().ok_or_else(|| {
-                SnapshotError::Shape(format!("{}: 'blocks' is {}, expected a list", ctx(), blocks_v.type_name()))
+                SnapshotError::Shape(format!(
+                    "{}: 'blocks' is {}, expected a list",
+                    ctx(),
+                    blocks_v.type_name()
+                ))
             })?;
             self.spend(blist.len(), "blocks")?;
             let mut blocks = Vec::with_capacity(blist.len());
@@ -577,7 +672,11 @@ impl Decoder<'_> {
             for (bi, blk) in blist.iter().enumerate() {
                 let bctx = || format!("segments[{si}].blocks[{bi}]");
                 let bitems = blk.dict_items().ok_or_else(|| {
-                    SnapshotError::Shape(format!("{}: is {}, expected a block dict", bctx(), blk.type_name()))
+                    SnapshotError::Shape(format!(
+                        "{}: is {}, expected a block dict",
+                        bctx(),
+                        blk.type_name()
+                    ))
                 })?;
                 let size = self
                     .u64_field(&bitems, k.size, &bctx)?
@@ -623,7 +722,13 @@ impl Decoder<'_> {
                         }
                     }
                 }
-                blocks.push(Block { address: addr, size, requested_size, state, stack });
+                blocks.push(Block {
+                    address: addr,
+                    size,
+                    requested_size,
+                    state,
+                    stack,
+                });
             }
             tl.device_mut(device).segments.push(Segment {
                 device,
@@ -648,7 +753,9 @@ impl Decoder<'_> {
     fn settings(&self, v: &Value, version: &mut Version) -> AllocatorSettings {
         let k = self.k;
         let mut s = AllocatorSettings::default();
-        let Some(items) = v.dict_items() else { return s };
+        let Some(items) = v.dict_items() else {
+            return s;
+        };
         for kv in items.chunks_exact(2) {
             let Value::Str(key) = kv[0] else { continue };
             let val = &kv[1];
@@ -663,7 +770,10 @@ impl Decoder<'_> {
                         .chunks_exact(2)
                         .map(|kv| {
                             let kk = kv[0].as_str_id().map_or("?", |id| self.strings.get(id));
-                            format!("{kk}: {}", kv[1].as_i64().map_or("?".into(), |i| i.to_string()))
+                            format!(
+                                "{kk}: {}",
+                                kv[1].as_i64().map_or("?".into(), |i| i.to_string())
+                            )
                         })
                         .collect();
                     format!("{{{}}}", parts.join(", "))
@@ -684,7 +794,9 @@ impl Decoder<'_> {
             } else if key == k.roundup {
                 if let Some(d) = val.dict_items() {
                     for kv in d.chunks_exact(2) {
-                        let mib = kv[0].as_str_id().and_then(|id| self.strings.get(id).parse::<u64>().ok());
+                        let mib = kv[0]
+                            .as_str_id()
+                            .and_then(|id| self.strings.get(id).parse::<u64>().ok());
                         if let (Some(mib), Some(div)) = (mib, kv[1].as_u64()) {
                             s.roundup_power2_divisions.push((mib, div));
                         }
@@ -706,14 +818,25 @@ impl Decoder<'_> {
 
     fn annotations(&self, v: &Value) -> Vec<Annotation> {
         let k = self.k;
-        let Some(list) = v.list_items() else { return Vec::new() };
+        let Some(list) = v.list_items() else {
+            return Vec::new();
+        };
         list.iter()
             .filter_map(|a| {
                 let items = a.dict_items()?;
-                let name = self.get(&items, k.name).and_then(Value::as_str_id).unwrap_or(NO_STR);
-                let stage = self.get(&items, k.stage).and_then(Value::as_str_id).map(|s| self.strings.get(s));
+                let name = self
+                    .get(&items, k.name)
+                    .and_then(Value::as_str_id)
+                    .unwrap_or(NO_STR);
+                let stage = self
+                    .get(&items, k.stage)
+                    .and_then(Value::as_str_id)
+                    .map(|s| self.strings.get(s));
                 Some(Annotation {
-                    device: self.get(&items, k.device).and_then(Value::as_i64).unwrap_or(0),
+                    device: self
+                        .get(&items, k.device)
+                        .and_then(Value::as_i64)
+                        .unwrap_or(0),
                     time_us: self.get(&items, k.time_us).and_then(Value::as_i64)?,
                     name,
                     start: stage != Some("END"),
@@ -730,6 +853,9 @@ pub fn sniff(bytes: &[u8]) -> bool {
 
 impl DeviceTimeline {
     pub fn trace_stack_count(&self) -> usize {
-        self.events.iter().filter(|e| e.stack != EMPTY_STACK).count()
+        self.events
+            .iter()
+            .filter(|e| e.stack != EMPTY_STACK)
+            .count()
     }
 }

@@ -45,12 +45,19 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
             "{} {}  {}",
             st.bold("oomdoc"),
             st.bold(&input.path),
-            st.dim(&format!("({}, {}, pickle protocol {})", input.format_version, bytes(input.bytes),
-                input.pickle_protocol.unwrap_or(0)))
+            st.dim(&format!(
+                "({}, {}, pickle protocol {})",
+                input.format_version,
+                bytes(input.bytes),
+                input.pickle_protocol.unwrap_or(0)
+            ))
         );
     }
     if a.devices.is_empty() {
-        let _ = writeln!(o, "\nNo GPU memory in this file: no segments and no trace events.");
+        let _ = writeln!(
+            o,
+            "\nNo GPU memory in this file: no segments and no trace events."
+        );
     }
     for d in &a.devices {
         device(&mut o, d, tl, &st);
@@ -88,10 +95,18 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
     } else {
         when(d.event_index, d.time_us, d.trace.first_time_us)
     };
-    let _ = writeln!(o, "\n{} {}  {}", st.bold(&format!("GPU {}", d.device)), moment, st.dim(&format!("({place})")));
+    let _ = writeln!(
+        o,
+        "\n{} {}  {}",
+        st.bold(&format!("GPU {}", d.device)),
+        moment,
+        st.dim(&format!("({place})"))
+    );
 
     if let Some(oom) = &d.oom {
-        let free = oom.device_free_bytes.map_or(String::new(), |f| format!("; the GPU had {} free", bytes(f)));
+        let free = oom.device_free_bytes.map_or(String::new(), |f| {
+            format!("; the GPU had {} free", bytes(f))
+        });
         let _ = writeln!(
             o,
             "  {}  needed a {} block ({} pool, {}){free}",
@@ -100,7 +115,9 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
             oom.pool,
             stream_name(oom.stream),
         );
-        let verdict = if oom.fits_in_cached_free && oom.requested_bytes > oom.largest_free_in_pool_bytes {
+        let verdict = if oom.fits_in_cached_free
+            && oom.requested_bytes > oom.largest_free_in_pool_bytes
+        {
             st.yellow("it would have fit if the cached free memory were one block: fragmentation")
         } else if oom.cached_free_in_pool_bytes == 0 {
             "nothing was cached free in that pool".to_string()
@@ -124,8 +141,11 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
         bytes(d.reserved_unallocated_bytes),
         percent(d.reserved_unallocated_bytes, d.reserved_bytes),
     );
-    let pending =
-        if d.pending_free_bytes > 0 { format!(" · {} pending free", bytes(d.pending_free_bytes)) } else { String::new() };
+    let pending = if d.pending_free_bytes > 0 {
+        format!(" · {} pending free", bytes(d.pending_free_bytes))
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         o,
         "  largest free block {} · {} segments, {} blocks{pending}",
@@ -167,7 +187,9 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
     if !d.top_allocations.is_empty() {
         let _ = writeln!(o, "\n  {}", st.bold("Largest live allocations"));
         for (i, a) in d.top_allocations.iter().enumerate() {
-            let age = a.age_us.map_or(String::new(), |us| format!("  age {}", duration_us(us)));
+            let age = a
+                .age_us
+                .map_or(String::new(), |us| format!("  age {}", duration_us(us)));
             let _ = writeln!(
                 o,
                 "  {:>10}  {}{}  {}",
@@ -179,14 +201,26 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
             // Full stacks for the top three; the rest are named by their culprit line.
             if i < 3 {
                 for (lib, line) in folded(tl, a.stack_id, 8) {
-                    let _ = writeln!(o, "              {}", if lib { st.dim(&line) } else { line });
+                    let _ = writeln!(
+                        o,
+                        "              {}",
+                        if lib { st.dim(&line) } else { line }
+                    );
                 }
             }
         }
     }
     if d.trace.entries > 0 {
-        let actions: Vec<String> = d.trace.actions.iter().map(|(k, v)| format!("{k} {v}")).collect();
-        let span = d.trace.span_us.map_or(String::new(), |s| format!(" over {}", duration_us(s)));
+        let actions: Vec<String> = d
+            .trace
+            .actions
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let span = d
+            .trace
+            .span_us
+            .map_or(String::new(), |s| format!(" over {}", duration_us(s)));
         let _ = writeln!(
             o,
             "\n  {} {} events{span}: {}",

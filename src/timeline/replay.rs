@@ -29,13 +29,20 @@ pub struct Rules {
 
 impl Rules {
     pub fn new(settings: Option<&AllocatorSettings>, dev: &DeviceTimeline) -> Rules {
-        let expandable = settings.and_then(|s| s.expandable_segments).unwrap_or(false)
+        let expandable = settings
+            .and_then(|s| s.expandable_segments)
+            .unwrap_or(false)
             || dev.segments.iter().any(|s| s.expandable)
-            || dev.events.iter().any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap));
+            || dev
+                .events
+                .iter()
+                .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap));
         Rules {
             expandable,
             max_split_size: settings.and_then(|s| s.max_split_size),
-            divisions: settings.map(|s| s.roundup_power2_divisions.clone()).unwrap_or_default(),
+            divisions: settings
+                .map(|s| s.roundup_power2_divisions.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -53,7 +60,11 @@ impl Rules {
 
     fn divisions_for(&self, size: u64) -> u64 {
         let mib = (size >> 20).max(1);
-        self.divisions.iter().rev().find(|(start, _)| *start <= mib).map_or(0, |&(_, d)| d)
+        self.divisions
+            .iter()
+            .rev()
+            .find(|(start, _)| *start <= mib)
+            .map_or(0, |&(_, d)| d)
     }
 
     fn should_split(&self, kind: PoolKind, rounded: u64, remaining: u64) -> bool {
@@ -180,7 +191,10 @@ impl State {
     /// Iterates every free block: `(segment, block address, block)`.
     pub fn free_blocks(&self) -> impl Iterator<Item = (&SegState, u64, &LiveBlock)> {
         self.segments.values().flat_map(|s| {
-            s.blocks.iter().filter(|(_, b)| b.state == BlockState::Inactive).map(move |(a, b)| (s, *a, b))
+            s.blocks
+                .iter()
+                .filter(|(_, b)| b.state == BlockState::Inactive)
+                .map(move |(a, b)| (s, *a, b))
         })
     }
 
@@ -195,7 +209,10 @@ impl State {
     }
 
     pub fn largest_free_block(&self) -> u64 {
-        self.free_blocks().map(|(_, _, b)| b.size).max().unwrap_or(0)
+        self.free_blocks()
+            .map(|(_, _, b)| b.size)
+            .max()
+            .unwrap_or(0)
     }
 
     pub fn block_count(&self) -> usize {
@@ -207,7 +224,9 @@ impl State {
         match e.action {
             Action::Alloc => self.alloc(e, idx, rules),
             Action::FreeRequested => {
-                let b = self.block_mut(e.addr).ok_or("free_requested of an address holding no block")?;
+                let b = self
+                    .block_mut(e.addr)
+                    .ok_or("free_requested of an address holding no block")?;
                 if b.state != BlockState::ActiveAllocated {
                     return Err("free_requested of a block that is not allocated");
                 }
@@ -217,7 +236,9 @@ impl State {
                 Ok(())
             }
             Action::FreeCompleted => {
-                let b = self.block_mut(e.addr).ok_or("free_completed of an address holding no block")?;
+                let b = self
+                    .block_mut(e.addr)
+                    .ok_or("free_completed of an address holding no block")?;
                 let (state, size) = (b.state, b.size);
                 if state == BlockState::Inactive {
                     return Err("free_completed of a block already free");
@@ -239,7 +260,9 @@ impl State {
     pub fn unapply(&mut self, e: &Event, rules: &Rules) -> Result<(), &'static str> {
         match e.action {
             Action::Alloc => {
-                let b = self.block_mut(e.addr).ok_or("alloc (undone) of an address holding no block")?;
+                let b = self
+                    .block_mut(e.addr)
+                    .ok_or("alloc (undone) of an address holding no block")?;
                 let (state, size) = (b.state, b.size);
                 if state == BlockState::Inactive {
                     return Err("alloc (undone) of a free block");
@@ -250,7 +273,9 @@ impl State {
                 Ok(())
             }
             Action::FreeRequested => {
-                let b = self.block_mut(e.addr).ok_or("free_requested (undone) of an address holding no block")?;
+                let b = self
+                    .block_mut(e.addr)
+                    .ok_or("free_requested (undone) of an address holding no block")?;
                 if b.state != BlockState::ActivePendingFree {
                     return Err("free_requested (undone) of a block not pending");
                 }
@@ -274,9 +299,18 @@ impl State {
 
     fn alloc(&mut self, e: &Event, idx: u32, rules: &Rules) -> Result<(), &'static str> {
         let rounded = rules.round(e.size);
-        let seg = self.segment_at_mut(e.addr).ok_or("alloc outside every known segment")?;
-        let kind = *seg.kind.get_or_insert(if rounded <= SMALL_SIZE { PoolKind::Small } else { PoolKind::Large });
-        let b = seg.blocks.get_mut(&e.addr).ok_or("alloc not at the start of a block")?;
+        let seg = self
+            .segment_at_mut(e.addr)
+            .ok_or("alloc outside every known segment")?;
+        let kind = *seg.kind.get_or_insert(if rounded <= SMALL_SIZE {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        });
+        let b = seg
+            .blocks
+            .get_mut(&e.addr)
+            .ok_or("alloc not at the start of a block")?;
         if b.state != BlockState::Inactive {
             return Err("alloc of a block that is in use");
         }
@@ -307,14 +341,23 @@ impl State {
 
     /// Going backward over a `free_completed`: the block existed (pending) before; cut it out of free space.
     fn carve(&mut self, e: &Event, rules: &Rules) -> Result<(), &'static str> {
-        let seg = self.segment_at_mut(e.addr).ok_or("free_completed (undone) outside every known segment")?;
-        let (&start, free) =
-            seg.blocks.range(..=e.addr).next_back().ok_or("free_completed (undone) before the first block")?;
+        let seg = self
+            .segment_at_mut(e.addr)
+            .ok_or("free_completed (undone) outside every known segment")?;
+        let (&start, free) = seg
+            .blocks
+            .range(..=e.addr)
+            .next_back()
+            .ok_or("free_completed (undone) before the first block")?;
         if free.state != BlockState::Inactive || start + free.size <= e.addr {
             return Err("free_completed (undone) of memory that is in use");
         }
         let end = start + free.size;
-        let kind = seg.kind.unwrap_or(if e.size <= SMALL_SIZE { PoolKind::Small } else { PoolKind::Large });
+        let kind = seg.kind.unwrap_or(if e.size <= SMALL_SIZE {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        });
         let rounded = rules.round(e.size);
         let mut size = rounded.min(end - e.addr);
         if !rules.should_split(kind, size, end - e.addr - size) {
@@ -354,7 +397,9 @@ impl State {
     }
 
     fn merge_free(&mut self, addr: u64) {
-        let Some(seg) = self.segment_at_mut(addr) else { return };
+        let Some(seg) = self.segment_at_mut(addr) else {
+            return;
+        };
         let mut start = addr;
         if let Some((&p, prev)) = seg.blocks.range(..addr).next_back() {
             if prev.state == BlockState::Inactive && p + prev.size == addr {
@@ -403,19 +448,36 @@ impl State {
         let mut blocks = BTreeMap::new();
         blocks.insert(
             addr,
-            LiveBlock { size, requested: 0, state: BlockState::Inactive, stack: EMPTY_STACK, alloc_event: None },
+            LiveBlock {
+                size,
+                requested: 0,
+                state: BlockState::Inactive,
+                stack: EMPTY_STACK,
+                alloc_event: None,
+            },
         );
         let kind = (!expandable && size == SMALL_BUFFER).then_some(PoolKind::Small);
         self.segments.insert(
             addr,
-            SegState { addr, size, stream, pool_id: pool_id.unwrap_or((0, 0)), kind, expandable, blocks },
+            SegState {
+                addr,
+                size,
+                stream,
+                pool_id: pool_id.unwrap_or((0, 0)),
+                kind,
+                expandable,
+                blocks,
+            },
         );
         self.reserved += size;
         Ok(())
     }
 
     fn remove_segment(&mut self, addr: u64) -> Result<(), &'static str> {
-        let seg = self.segments.remove(&addr).ok_or("segment_free of an address that starts no segment")?;
+        let seg = self
+            .segments
+            .remove(&addr)
+            .ok_or("segment_free of an address that starts no segment")?;
         self.reserved -= seg.size.min(self.reserved);
         let mut busy = false;
         for b in seg.blocks.values() {
@@ -431,13 +493,33 @@ impl State {
     }
 
     /// An expandable segment grows: the new pages join the segment that ends (or starts) where they start (end).
-    fn map(&mut self, addr: u64, size: u64, stream: u64, pool_id: Option<(i64, i64)>) -> Result<(), &'static str> {
+    fn map(
+        &mut self,
+        addr: u64,
+        size: u64,
+        stream: u64,
+        pool_id: Option<(i64, i64)>,
+    ) -> Result<(), &'static str> {
         let end = addr + size;
-        let before = self.segments.range(..addr).next_back().filter(|(_, s)| s.expandable && s.addr + s.size == addr);
+        let before = self
+            .segments
+            .range(..addr)
+            .next_back()
+            .filter(|(_, s)| s.expandable && s.addr + s.size == addr);
         let before = before.map(|(&a, _)| a);
-        let after = self.segments.get(&end).filter(|s| s.expandable).map(|s| s.addr);
+        let after = self
+            .segments
+            .get(&end)
+            .filter(|s| s.expandable)
+            .map(|s| s.addr);
         self.reserved += size;
-        let free = LiveBlock { size, requested: 0, state: BlockState::Inactive, stack: EMPTY_STACK, alloc_event: None };
+        let free = LiveBlock {
+            size,
+            requested: 0,
+            state: BlockState::Inactive,
+            stack: EMPTY_STACK,
+            alloc_event: None,
+        };
         let base = match before {
             Some(b) => {
                 let seg = self.segments.get_mut(&b).expect("found above");
@@ -477,7 +559,10 @@ impl State {
     /// An expandable segment gives pages back: the range leaves the segment, which may split in two.
     fn unmap(&mut self, addr: u64, size: u64) -> Result<(), &'static str> {
         let end = addr + size;
-        let seg_addr = self.segment_at_mut(addr).map(|s| s.addr).ok_or("segment_unmap outside every segment")?;
+        let seg_addr = self
+            .segment_at_mut(addr)
+            .map(|s| s.addr)
+            .ok_or("segment_unmap outside every segment")?;
         let mut seg = self.segments.remove(&seg_addr).expect("found above");
         if end > seg.addr + seg.size {
             self.segments.insert(seg_addr, seg);
@@ -498,20 +583,47 @@ impl State {
                     self.count(b.state, -(b.size as i128));
                 }
                 if a < addr {
-                    left.insert(a, LiveBlock { size: addr - a, ..b.clone() });
+                    left.insert(
+                        a,
+                        LiveBlock {
+                            size: addr - a,
+                            ..b.clone()
+                        },
+                    );
                 }
                 if b_end > end {
-                    right.insert(end, LiveBlock { size: b_end - end, ..b });
+                    right.insert(
+                        end,
+                        LiveBlock {
+                            size: b_end - end,
+                            ..b
+                        },
+                    );
                 }
             }
         }
         self.reserved -= size.min(self.reserved);
         let seg_end = seg.addr + seg.size;
         if addr > seg.addr {
-            self.segments.insert(seg.addr, SegState { size: addr - seg.addr, blocks: left, ..seg.clone() });
+            self.segments.insert(
+                seg.addr,
+                SegState {
+                    size: addr - seg.addr,
+                    blocks: left,
+                    ..seg.clone()
+                },
+            );
         }
         if seg_end > end {
-            self.segments.insert(end, SegState { addr: end, size: seg_end - end, blocks: right, ..seg });
+            self.segments.insert(
+                end,
+                SegState {
+                    addr: end,
+                    size: seg_end - end,
+                    blocks: right,
+                    ..seg
+                },
+            );
         }
         if busy {
             return Err("segment_unmap of pages that were in use");
@@ -528,20 +640,31 @@ impl State {
             match theirs.get(a) {
                 None => {
                     n += 1;
-                    first.get_or_insert_with(|| format!("segment 0x{a:x} ({} B) is not in the file", s.size));
+                    first.get_or_insert_with(|| {
+                        format!("segment 0x{a:x} ({} B) is not in the file", s.size)
+                    });
                 }
                 Some(t) => {
                     if t.total_size != s.size {
                         n += 1;
                         first.get_or_insert_with(|| {
-                            format!("segment 0x{a:x} is {} B in the replay, {} B in the file", s.size, t.total_size)
+                            format!(
+                                "segment 0x{a:x} is {} B in the replay, {} B in the file",
+                                s.size, t.total_size
+                            )
                         });
                         continue;
                     }
-                    let ours: Vec<(u64, u64, BlockState)> =
-                        s.blocks.iter().map(|(a, b)| (*a, b.size, b.state)).collect();
-                    let file: Vec<(u64, u64, BlockState)> =
-                        t.blocks.iter().map(|b| (b.address, b.size, b.state)).collect();
+                    let ours: Vec<(u64, u64, BlockState)> = s
+                        .blocks
+                        .iter()
+                        .map(|(a, b)| (*a, b.size, b.state))
+                        .collect();
+                    let file: Vec<(u64, u64, BlockState)> = t
+                        .blocks
+                        .iter()
+                        .map(|b| (b.address, b.size, b.state))
+                        .collect();
                     if ours != file {
                         n += 1;
                         let at = ours.iter().zip(&file).find(|(x, y)| x != y);
@@ -564,10 +687,18 @@ impl State {
         for (a, t) in &theirs {
             if !self.segments.contains_key(a) {
                 n += 1;
-                first.get_or_insert_with(|| format!("segment 0x{a:x} ({} B) is in the file only", t.total_size));
+                first.get_or_insert_with(|| {
+                    format!("segment 0x{a:x} ({} B) is in the file only", t.total_size)
+                });
             }
         }
-        first.map(|f| if n > 1 { format!("{f} (and {} more segments differ)", n - 1) } else { f })
+        first.map(|f| {
+            if n > 1 {
+                format!("{f} (and {} more segments differ)", n - 1)
+            } else {
+                f
+            }
+        })
     }
 }
 
@@ -584,7 +715,9 @@ pub struct Completeness {
 
 impl Completeness {
     pub fn complete(&self) -> bool {
-        self.frees_without_alloc == 0 && self.live_without_alloc == 0 && self.segments_without_alloc == 0
+        self.frees_without_alloc == 0
+            && self.live_without_alloc == 0
+            && self.segments_without_alloc == 0
     }
 }
 
@@ -598,31 +731,19 @@ pub fn completeness(dev: &DeviceTimeline) -> Completeness {
             Action::Alloc => {
                 live.insert(e.addr);
             }
-            Action::FreeRequested => {
-                if !live.contains(&e.addr) {
-                    c.frees_without_alloc += 1;
-                }
-            }
-            Action::FreeCompleted => {
-                if !live.remove(&e.addr) {
-                    c.frees_without_alloc += 1;
-                }
-            }
+            Action::FreeRequested if !live.contains(&e.addr) => c.frees_without_alloc += 1,
+            Action::FreeCompleted if !live.remove(&e.addr) => c.frees_without_alloc += 1,
             Action::SegmentAlloc => {
                 segs.insert(e.addr);
             }
-            Action::SegmentFree => {
-                if !segs.remove(&e.addr) {
-                    c.segments_without_alloc += 1;
-                }
-            }
+            Action::SegmentFree if !segs.remove(&e.addr) => c.segments_without_alloc += 1,
             Action::SegmentMap | Action::SegmentUnmap => mapped = true,
             _ => {}
         }
     }
     for s in &dev.segments {
         // Mapped ranges split and join, so their starts need not match a segment event.
-        if !segs.contains(&s.address) && !(s.expandable && mapped) {
+        if !(segs.contains(&s.address) || s.expandable && mapped) {
             c.segments_without_alloc += 1;
         }
         for b in &s.blocks {
@@ -665,7 +786,10 @@ impl<'t> Replay<'t> {
             let mut st = final_state.clone();
             for (i, e) in dev.events.iter().enumerate().rev() {
                 if let Err(what) = st.unapply(e, &rules) {
-                    anomalies.push(Anomaly { event: i as u32, what });
+                    anomalies.push(Anomaly {
+                        event: i as u32,
+                        what,
+                    });
                 }
             }
             st
@@ -677,7 +801,10 @@ impl<'t> Replay<'t> {
         let mut reserved_series = Vec::with_capacity(dev.events.len());
         for (i, e) in dev.events.iter().enumerate() {
             if let Err(what) = st.apply(e, i as u32, &rules) {
-                anomalies.push(Anomaly { event: i as u32, what });
+                anomalies.push(Anomaly {
+                    event: i as u32,
+                    what,
+                });
             }
             if st.allocated > peak_allocated.0 {
                 peak_allocated = (st.allocated, Some(i as u32));
@@ -688,7 +815,11 @@ impl<'t> Replay<'t> {
             allocated_series.push(st.allocated);
             reserved_series.push(st.reserved);
         }
-        let end_mismatch = if dev.events.is_empty() { None } else { st.diff(&dev.segments) };
+        let end_mismatch = if dev.events.is_empty() {
+            None
+        } else {
+            st.diff(&dev.segments)
+        };
         Replay {
             dev,
             rules,
@@ -707,7 +838,10 @@ impl<'t> Replay<'t> {
     /// `idx` changes the allocator's state.
     pub fn state_at(&self, idx: Option<u32>) -> State {
         let from = idx.map_or(0, |i| i as usize + 1);
-        if self.dev.events[from.min(self.dev.events.len())..].iter().all(|e| e.action.is_marker()) {
+        if self.dev.events[from.min(self.dev.events.len())..]
+            .iter()
+            .all(|e| e.action.is_marker())
+        {
             let mut st = State::from_segments(&self.dev.segments);
             self.attach_alloc_events(&mut st);
             return st;
@@ -753,7 +887,10 @@ mod tests {
         assert_eq!(r.round(1), 512);
         assert_eq!(r.round(512), 512);
         assert_eq!(r.round(513), 1024);
-        let r = Rules { divisions: vec![(1, 4)], ..Rules::default() };
+        let r = Rules {
+            divisions: vec![(1, 4)],
+            ..Rules::default()
+        };
         // 5 MiB + 1 with 4 divisions between 4 MiB and 8 MiB rounds up to 6 MiB.
         assert_eq!(r.round((5 << 20) + 1), 6 << 20);
         assert_eq!(r.round(4 << 20), 4 << 20);
@@ -779,36 +916,47 @@ mod tests {
         let r = Rules::default();
         let mut st = State::default();
         let a = 0x1000_0000;
-        st.apply(&ev(Action::SegmentAlloc, a, 20 << 20), 0, &r).unwrap();
+        st.apply(&ev(Action::SegmentAlloc, a, 20 << 20), 0, &r)
+            .unwrap();
         // Large pool: 19.5 MiB left > 1 MiB, so it splits.
-        st.apply(&ev(Action::Alloc, a, (1 << 20) + 100), 1, &r).unwrap();
+        st.apply(&ev(Action::Alloc, a, (1 << 20) + 100), 1, &r)
+            .unwrap();
         assert_eq!(st.allocated, (1 << 20) + 512);
         // Next request leaves 0.9 MiB: no split, the block keeps the remainder.
         let next = a + (1 << 20) + 512;
         let rest = (20 << 20) - (1 << 20) - 512;
-        st.apply(&ev(Action::Alloc, next, rest - 900_000), 2, &r).unwrap();
+        st.apply(&ev(Action::Alloc, next, rest - 900_000), 2, &r)
+            .unwrap();
         assert_eq!(st.allocated, 20 << 20);
         st.apply(&ev(Action::FreeRequested, a, 0), 3, &r).unwrap();
         st.apply(&ev(Action::FreeCompleted, a, 0), 4, &r).unwrap();
-        st.apply(&ev(Action::FreeCompleted, next, 0), 5, &r).unwrap();
+        st.apply(&ev(Action::FreeCompleted, next, 0), 5, &r)
+            .unwrap();
         assert_eq!(st.allocated, 0);
         assert_eq!(st.largest_free_block(), 20 << 20);
         assert_eq!(st.block_count(), 1);
-        st.apply(&ev(Action::SegmentFree, a, 20 << 20), 6, &r).unwrap();
+        st.apply(&ev(Action::SegmentFree, a, 20 << 20), 6, &r)
+            .unwrap();
         assert_eq!(st.reserved, 0);
     }
 
     #[test]
     fn expandable_map_and_unmap() {
-        let r = Rules { expandable: true, ..Rules::default() };
+        let r = Rules {
+            expandable: true,
+            ..Rules::default()
+        };
         let mut st = State::default();
         let a = 0x7000_0000;
-        st.apply(&ev(Action::SegmentMap, a, 2 << 20), 0, &r).unwrap();
-        st.apply(&ev(Action::SegmentMap, a + (2 << 20), 4 << 20), 1, &r).unwrap();
+        st.apply(&ev(Action::SegmentMap, a, 2 << 20), 0, &r)
+            .unwrap();
+        st.apply(&ev(Action::SegmentMap, a + (2 << 20), 4 << 20), 1, &r)
+            .unwrap();
         assert_eq!(st.segments.len(), 1);
         assert_eq!(st.largest_free_block(), 6 << 20);
         st.apply(&ev(Action::Alloc, a, 1 << 20), 2, &r).unwrap();
-        st.apply(&ev(Action::SegmentUnmap, a + (4 << 20), 2 << 20), 3, &r).unwrap();
+        st.apply(&ev(Action::SegmentUnmap, a + (4 << 20), 2 << 20), 3, &r)
+            .unwrap();
         assert_eq!(st.reserved, 4 << 20);
         assert_eq!(st.largest_free_block(), 3 << 20);
     }
