@@ -300,12 +300,12 @@ fn analyze_device(
             ("time", Some(*n))
         }
         At::Offset(us) => {
-            let t0 = events.iter().find_map(|e| e.time_us).ok_or_else(|| {
+            let t0 = events.iter().find_map(|e| e.time_us()).ok_or_else(|| {
                 format!("--at with a time: device {}'s trace has no timestamps (torch < 2.2); use event:N", dev.device)
             })?;
             let i = events
                 .iter()
-                .rposition(|e| e.time_us.is_some_and(|t| t <= t0 + us));
+                .rposition(|e| e.time_us().is_some_and(|t| t <= t0 + us));
             ("time", i.map(|i| i as u32))
         }
     };
@@ -314,7 +314,7 @@ fn analyze_device(
     } else {
         replay.state_at(idx)
     };
-    let time_us = idx.and_then(|i| events[i as usize].time_us);
+    let time_us = idx.and_then(|i| events[i as usize].time_us());
     let end = if events.is_empty() {
         Totals {
             allocated_bytes: state.allocated,
@@ -348,8 +348,8 @@ fn analyze_device(
         }
         OomReport {
             requested_bytes: e.size,
-            device_free_bytes: e.device_free,
-            time_us: e.time_us,
+            device_free_bytes: e.device_free(),
+            time_us: e.time_us(),
             event_index: i,
             stream: e.stream,
             pool: pool_name(Some(pool)),
@@ -364,7 +364,7 @@ fn analyze_device(
         }
     });
 
-    let now = time_us.or_else(|| events.iter().rev().find_map(|e| e.time_us));
+    let now = time_us.or_else(|| events.iter().rev().find_map(|e| e.time_us()));
     let mut live: Vec<Allocation> = state
         .allocated_blocks()
         .map(|(seg, addr, b)| Allocation {
@@ -373,7 +373,10 @@ fn analyze_device(
             address: addr,
             stream: seg.stream,
             event_index: b.alloc_event,
-            age_us: match (now, b.alloc_event.and_then(|i| events[i as usize].time_us)) {
+            age_us: match (
+                now,
+                b.alloc_event.and_then(|i| events[i as usize].time_us()),
+            ) {
                 (Some(n), Some(t)) => Some(n - t),
                 _ => None,
             },
@@ -424,15 +427,15 @@ fn analyze_device(
     for e in events {
         *actions.entry(e.action.name()).or_default() += 1;
     }
-    let first_time_us = events.iter().find_map(|e| e.time_us);
-    let last_time_us = events.iter().rev().find_map(|e| e.time_us);
+    let first_time_us = events.iter().find_map(|e| e.time_us());
+    let last_time_us = events.iter().rev().find_map(|e| e.time_us());
     let trace = TraceReport {
         entries: events.len(),
         first_time_us,
         last_time_us,
         span_us: first_time_us.zip(last_time_us).map(|(a, b)| b - a),
         actions,
-        complete: !events.is_empty() && replay.completeness.complete(),
+        complete: replay.complete(),
         frees_without_alloc: replay.completeness.frees_without_alloc,
         live_without_alloc: replay.completeness.live_without_alloc,
         replay_matches_file: (!events.is_empty()).then(|| replay.end_mismatch.is_none()),
@@ -444,7 +447,7 @@ fn analyze_device(
         time_us: replay
             .peak_allocated
             .1
-            .and_then(|i| events[i as usize].time_us),
+            .and_then(|i| events[i as usize].time_us()),
         reserved_bytes: replay.peak_reserved.0,
     });
 

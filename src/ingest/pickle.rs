@@ -870,13 +870,18 @@ impl<B: Builder> Machine<'_, B> {
         Ok(())
     }
 
+    /// Nesting depth of the values `stack[at..]`; refuses anything deeper than [`MAX_DEPTH`].
+    fn item_depth(&self, at: usize, off: u64) -> Result<u32, PickleError> {
+        let d = self.stack[at..].iter().map(Value::depth).max().unwrap_or(0);
+        if d + 1 > MAX_DEPTH {
+            return Err(PickleError::TooDeep { offset: off });
+        }
+        Ok(d)
+    }
+
     /// Moves `stack[at..]` into the list at `stack[target]`, letting the builder replace a list that closes.
     fn extend_list(&mut self, at: usize, target: usize, off: u64) -> Result<(), PickleError> {
         let n = self.stack.len() - at;
-        let item_depth = self.stack[at..].iter().map(Value::depth).max().unwrap_or(0);
-        if item_depth + 1 > MAX_DEPTH {
-            return Err(PickleError::TooDeep { offset: off });
-        }
         match &self.stack[target] {
             &Value::PendingList(slot) => {
                 let shared = if slot != NO_SLOT {
@@ -885,6 +890,7 @@ impl<B: Builder> Machine<'_, B> {
                     None
                 };
                 if let Some(Value::List(rc)) = shared {
+                    let item_depth = self.item_depth(at, off)?;
                     let mut l = rc.borrow_mut();
                     l.depth = l.depth.max(item_depth + 1);
                     l.items.extend(self.stack.drain(at..));
@@ -903,6 +909,7 @@ impl<B: Builder> Machine<'_, B> {
                         v
                     }
                     None => {
+                        let item_depth = self.item_depth(at, off)?;
                         let items = self.stack.split_off(at);
                         Value::List(Rc::new(RefCell::new(List {
                             depth: item_depth + 1,
@@ -919,6 +926,7 @@ impl<B: Builder> Machine<'_, B> {
             }
             Value::List(rc) => {
                 let rc = rc.clone();
+                let item_depth = self.item_depth(at, off)?;
                 let mut l = rc.borrow_mut();
                 l.depth = l.depth.max(item_depth + 1);
                 l.items.extend(self.stack.drain(at..));
@@ -954,6 +962,7 @@ impl<B: Builder> Machine<'_, B> {
                     None
                 };
                 if let Some(Value::Dict(rc)) = shared {
+                    let item_depth = self.item_depth(at, off)?;
                     let mut d = rc.borrow_mut();
                     d.depth = d.depth.max(item_depth + 1);
                     d.items.extend(self.stack.drain(at..));
@@ -974,6 +983,7 @@ impl<B: Builder> Machine<'_, B> {
                         v
                     }
                     None => {
+                        let item_depth = self.item_depth(at, off)?;
                         let items = self.stack.split_off(at);
                         Value::Dict(Rc::new(RefCell::new(Dict {
                             depth: item_depth + 1,
@@ -990,6 +1000,7 @@ impl<B: Builder> Machine<'_, B> {
             }
             Value::Dict(rc) => {
                 let rc = rc.clone();
+                let item_depth = self.item_depth(at, off)?;
                 let mut d = rc.borrow_mut();
                 d.depth = d.depth.max(item_depth + 1);
                 d.items.extend(self.stack.drain(at..));

@@ -16,99 +16,140 @@ const FRAME: u8 = 1;
 const STACK: u8 = 2;
 const TRACE: u8 = 3;
 
-/// Interned ids of every key the reader looks for, so matching a key is an integer compare.
-struct Keys {
-    filename: StrId,
-    name: StrId,
-    line: StrId,
-    action: StrId,
-    addr: StrId,
-    size: StrId,
-    stream: StrId,
-    device_free: StrId,
-    time_us: StrId,
-    frames: StrId,
-    compile_context: StrId,
-    user_metadata: StrId,
-    pool_id: StrId,
-    segments: StrId,
-    device_traces: StrId,
-    allocator_settings: StrId,
-    external_annotations: StrId,
-    host_segments: StrId,
-    host_traces: StrId,
-    device: StrId,
-    address: StrId,
-    total_size: StrId,
-    allocated_size: StrId,
-    active_size: StrId,
-    requested_size: StrId,
-    segment_type: StrId,
-    segment_pool_id: StrId,
-    is_expandable: StrId,
-    blocks: StrId,
-    state: StrId,
-    history: StrId,
-    stage: StrId,
-    alloc_conf: StrId,
-    expandable_segments: StrId,
-    max_split_size: StrId,
-    gc_threshold: StrId,
-    roundup: StrId,
-    max_cached_size: StrId,
-    small: StrId,
+/// Every key (and action name) the reader looks for, interned first into a fresh string table so that its id is
+/// its index here: matching a key is then a `match` on a constant.
+const KEY_NAMES: [&str; 49] = [
+    "filename",
+    "name",
+    "line",
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "device_free",
+    "time_us",
+    "frames",
+    "compile_context",
+    "user_metadata",
+    "pool_id",
+    "segments",
+    "device_traces",
+    "allocator_settings",
+    "external_annotations",
+    "host_segments",
+    "host_traces",
+    "device",
+    "address",
+    "total_size",
+    "allocated_size",
+    "active_size",
+    "requested_size",
+    "segment_type",
+    "segment_pool_id",
+    "is_expandable",
+    "blocks",
+    "state",
+    "history",
+    "stage",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "expandable_segments",
+    "max_split_size",
+    "garbage_collection_threshold",
+    "roundup_power2_divisions",
+    "max_cached_size",
+    "small",
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+    "annotate",
+];
+
+#[allow(dead_code)]
+mod k {
+    use crate::timeline::stacks::StrId;
+    pub const FILENAME: StrId = 0;
+    pub const NAME: StrId = 1;
+    pub const LINE: StrId = 2;
+    pub const ACTION: StrId = 3;
+    pub const ADDR: StrId = 4;
+    pub const SIZE: StrId = 5;
+    pub const STREAM: StrId = 6;
+    pub const DEVICE_FREE: StrId = 7;
+    pub const TIME_US: StrId = 8;
+    pub const FRAMES: StrId = 9;
+    pub const COMPILE_CONTEXT: StrId = 10;
+    pub const USER_METADATA: StrId = 11;
+    pub const POOL_ID: StrId = 12;
+    pub const SEGMENTS: StrId = 13;
+    pub const DEVICE_TRACES: StrId = 14;
+    pub const ALLOCATOR_SETTINGS: StrId = 15;
+    pub const EXTERNAL_ANNOTATIONS: StrId = 16;
+    pub const HOST_SEGMENTS: StrId = 17;
+    pub const HOST_TRACES: StrId = 18;
+    pub const DEVICE: StrId = 19;
+    pub const ADDRESS: StrId = 20;
+    pub const TOTAL_SIZE: StrId = 21;
+    pub const ALLOCATED_SIZE: StrId = 22;
+    pub const ACTIVE_SIZE: StrId = 23;
+    pub const REQUESTED_SIZE: StrId = 24;
+    pub const SEGMENT_TYPE: StrId = 25;
+    pub const SEGMENT_POOL_ID: StrId = 26;
+    pub const IS_EXPANDABLE: StrId = 27;
+    pub const BLOCKS: StrId = 28;
+    pub const STATE: StrId = 29;
+    pub const HISTORY: StrId = 30;
+    pub const STAGE: StrId = 31;
+    pub const ALLOC_CONF: StrId = 32;
+    pub const EXPANDABLE_SEGMENTS: StrId = 33;
+    pub const MAX_SPLIT_SIZE: StrId = 34;
+    pub const GC_THRESHOLD: StrId = 35;
+    pub const ROUNDUP: StrId = 36;
+    pub const MAX_CACHED_SIZE: StrId = 37;
+    pub const SMALL: StrId = 38;
+    pub const A_ALLOC: StrId = 39;
+    pub const A_FREE_REQUESTED: StrId = 40;
+    pub const A_FREE_COMPLETED: StrId = 41;
+    pub const A_SEGMENT_ALLOC: StrId = 42;
+    pub const A_SEGMENT_FREE: StrId = 43;
+    pub const A_SEGMENT_MAP: StrId = 44;
+    pub const A_SEGMENT_UNMAP: StrId = 45;
+    pub const A_SNAPSHOT: StrId = 46;
+    pub const A_OOM: StrId = 47;
+    pub const A_ANNOTATE: StrId = 48;
 }
 
-impl Keys {
-    fn new(s: &mut Strings) -> Keys {
-        Keys {
-            filename: s.intern("filename"),
-            name: s.intern("name"),
-            line: s.intern("line"),
-            action: s.intern("action"),
-            addr: s.intern("addr"),
-            size: s.intern("size"),
-            stream: s.intern("stream"),
-            device_free: s.intern("device_free"),
-            time_us: s.intern("time_us"),
-            frames: s.intern("frames"),
-            compile_context: s.intern("compile_context"),
-            user_metadata: s.intern("user_metadata"),
-            pool_id: s.intern("pool_id"),
-            segments: s.intern("segments"),
-            device_traces: s.intern("device_traces"),
-            allocator_settings: s.intern("allocator_settings"),
-            external_annotations: s.intern("external_annotations"),
-            host_segments: s.intern("host_segments"),
-            host_traces: s.intern("host_traces"),
-            device: s.intern("device"),
-            address: s.intern("address"),
-            total_size: s.intern("total_size"),
-            allocated_size: s.intern("allocated_size"),
-            active_size: s.intern("active_size"),
-            requested_size: s.intern("requested_size"),
-            segment_type: s.intern("segment_type"),
-            segment_pool_id: s.intern("segment_pool_id"),
-            is_expandable: s.intern("is_expandable"),
-            blocks: s.intern("blocks"),
-            state: s.intern("state"),
-            history: s.intern("history"),
-            stage: s.intern("stage"),
-            alloc_conf: s.intern("PYTORCH_CUDA_ALLOC_CONF"),
-            expandable_segments: s.intern("expandable_segments"),
-            max_split_size: s.intern("max_split_size"),
-            gc_threshold: s.intern("garbage_collection_threshold"),
-            roundup: s.intern("roundup_power2_divisions"),
-            max_cached_size: s.intern("max_cached_size"),
-            small: s.intern("small"),
-        }
+fn intern_keys(s: &mut Strings) {
+    for (i, name) in KEY_NAMES.iter().enumerate() {
+        let id = s.intern(name);
+        debug_assert_eq!(id as usize, i, "keys must be interned first");
+    }
+}
+
+fn action_of(id: StrId) -> Action {
+    match id {
+        k::A_ALLOC => Action::Alloc,
+        k::A_FREE_REQUESTED => Action::FreeRequested,
+        k::A_FREE_COMPLETED => Action::FreeCompleted,
+        k::A_SEGMENT_ALLOC => Action::SegmentAlloc,
+        k::A_SEGMENT_FREE => Action::SegmentFree,
+        k::A_SEGMENT_MAP => Action::SegmentMap,
+        k::A_SEGMENT_UNMAP => Action::SegmentUnmap,
+        k::A_SNAPSHOT => Action::Snapshot,
+        k::A_OOM => Action::Oom,
+        k::A_ANNOTATE => Action::Annotate,
+        _ => Action::Unknown,
     }
 }
 
 /// Turns frame dicts into interned frames, frame lists into interned stacks and trace-entry dicts into
 /// [`Event`]s as the pickle streams in.
 struct SnapshotBuilder {
-    k: Keys,
     stacks: Stacks,
     events: Vec<Event>,
     frame_buf: Vec<u32>,
@@ -129,16 +170,14 @@ fn want_u64(v: &Value, key: &str, what: &str) -> Result<u64, String> {
 
 impl SnapshotBuilder {
     fn frame(&mut self, items: &[Value]) -> Option<Value> {
-        let k = &self.k;
         let (mut filename, mut name, mut line) = (None, None, 0i64);
         for kv in items.chunks_exact(2) {
             let Value::Str(key) = kv[0] else { return None };
-            if key == k.filename {
-                filename = Some(kv[1].as_str_id()?);
-            } else if key == k.name {
-                name = Some(kv[1].as_str_id()?);
-            } else if key == k.line {
-                line = kv[1].as_i64()?;
+            match key {
+                k::FILENAME => filename = Some(kv[1].as_str_id()?),
+                k::NAME => name = Some(kv[1].as_str_id()?),
+                k::LINE => line = kv[1].as_i64()?,
+                _ => {}
             }
             // Other keys (2.10's fx_node_* / fx_original_trace) are tolerated.
         }
@@ -150,81 +189,67 @@ impl SnapshotBuilder {
         Some(Value::Custom(FRAME, self.stacks.intern_frame(f)))
     }
 
-    fn trace_entry(&mut self, strings: &Strings, items: &[Value]) -> Result<Value, String> {
-        let SnapshotBuilder {
-            k,
-            stacks,
-            frame_buf,
-            events,
-            seen_time,
-            seen_compile_context,
-            seen_user_metadata,
-            seen_pool_id,
-        } = self;
-        let mut e = Event {
-            action: Action::Unknown,
-            addr: 0,
-            size: 0,
-            stream: 0,
-            device_free: None,
-            time_us: None,
-            stack: EMPTY_STACK,
-            compile_context: NO_STR,
-            user_metadata: NO_STR,
-            pool_id: None,
-        };
+    fn trace_entry(&mut self, items: &[Value]) -> Result<Value, String> {
         const W: &str = "trace entry";
+        let mut e = Event::new(Action::Unknown, 0, 0);
         for kv in items.chunks_exact(2) {
             let Value::Str(key) = kv[0] else { continue };
             let v = &kv[1];
-            if key == k.action {
-                let s = v
-                    .as_str_id()
-                    .ok_or_else(|| format!("{W}: 'action' is {}, expected a str", v.type_name()))?;
-                e.action = Action::from_name(strings.get(s));
-            } else if key == k.addr {
-                e.addr = want_u64(v, "addr", W)?;
-            } else if key == k.size {
-                e.size = want_u64(v, "size", W)?;
-            } else if key == k.stream {
-                // A stream is a raw pointer; a negative value (never seen) is kept as its bit pattern.
-                e.stream = v
-                    .as_u64()
-                    .or_else(|| v.as_i64().map(|i| i as u64))
-                    .ok_or_else(|| {
-                        format!("{W}: 'stream' is {}, expected an int", v.type_name())
+            match key {
+                k::ACTION => {
+                    let s = v.as_str_id().ok_or_else(|| {
+                        format!("{W}: 'action' is {}, expected a str", v.type_name())
                     })?;
-            } else if key == k.device_free {
-                e.device_free = Some(want_u64(v, "device_free", W)?);
-            } else if key == k.time_us {
-                e.time_us = Some(v.as_i64().ok_or_else(|| {
-                    format!("{W}: 'time_us' is {}, expected an int", v.type_name())
-                })?);
-                *seen_time = true;
-            } else if key == k.frames {
-                e.stack = stack_of(stacks, frame_buf, v).ok_or_else(|| {
-                    format!(
-                        "{W}: 'frames' is {}, expected a list of frames",
-                        v.type_name()
-                    )
-                })?;
-            } else if key == k.compile_context {
-                e.compile_context = v.as_str_id().unwrap_or(NO_STR);
-                *seen_compile_context = true;
-            } else if key == k.user_metadata {
-                e.user_metadata = v.as_str_id().unwrap_or(NO_STR);
-                *seen_user_metadata = true;
-            } else if key == k.pool_id {
-                e.pool_id = pair(v);
-                *seen_pool_id = true;
+                    e.action = action_of(s);
+                }
+                k::ADDR => e.addr = want_u64(v, "addr", W)?,
+                k::SIZE => e.size = want_u64(v, "size", W)?,
+                // A stream is a raw pointer; a negative value (never seen) is kept as its bit pattern.
+                k::STREAM => {
+                    e.stream = v
+                        .as_u64()
+                        .or_else(|| v.as_i64().map(|i| i as u64))
+                        .ok_or_else(|| {
+                            format!("{W}: 'stream' is {}, expected an int", v.type_name())
+                        })?
+                }
+                k::DEVICE_FREE => e.set_device_free(want_u64(v, "device_free", W)?),
+                k::TIME_US => {
+                    let t = v.as_i64().ok_or_else(|| {
+                        format!("{W}: 'time_us' is {}, expected an int", v.type_name())
+                    })?;
+                    e.set_time_us(t);
+                    self.seen_time = true;
+                }
+                k::FRAMES => {
+                    e.stack =
+                        stack_of(&mut self.stacks, &mut self.frame_buf, v).ok_or_else(|| {
+                            format!(
+                                "{W}: 'frames' is {}, expected a list of frames",
+                                v.type_name()
+                            )
+                        })?
+                }
+                k::COMPILE_CONTEXT => {
+                    e.compile_context = v.as_str_id().unwrap_or(NO_STR);
+                    self.seen_compile_context = true;
+                }
+                k::USER_METADATA => {
+                    e.user_metadata = v.as_str_id().unwrap_or(NO_STR);
+                    self.seen_user_metadata = true;
+                }
+                k::POOL_ID => {
+                    if let Some(p) = pair(v) {
+                        e.set_pool_id(p);
+                    }
+                    self.seen_pool_id = true;
+                }
+                _ => {}
             }
         }
-        if e.action == Action::Unknown && dict_get(items, k.action).is_none() {
-            return Err(format!("{W} without an 'action'"));
-        }
-        let idx = u32::try_from(events.len())
+        let idx = u32::try_from(self.events.len())
             .map_err(|_| "more than 4 billion trace entries".to_string())?;
-        events.push(e);
+        self.events.push(e);
         Ok(Value::Custom(TRACE, idx))
     }
 }
@@ -259,23 +284,18 @@ fn pair(v: &Value) -> Option<(i64, i64)> {
 }
 
 impl Builder for SnapshotBuilder {
-    fn close_dict(&mut self, strings: &Strings, items: &[Value]) -> Result<Option<Value>, String> {
-        let k = &self.k;
-        let mut is_frame = false;
-        let mut is_trace = false;
-        for kv in items.chunks_exact(2) {
-            if let Value::Str(key) = kv[0] {
-                if key == k.filename {
-                    is_frame = true;
-                } else if key == k.action {
-                    is_trace = true;
-                }
-            }
+    fn close_dict(&mut self, _strings: &Strings, items: &[Value]) -> Result<Option<Value>, String> {
+        // Frames start with 'filename' and trace entries with 'action' in every writer seen; look there first.
+        let is = |want: StrId| {
+            matches!(items.first(), Some(Value::Str(k)) if *k == want)
+                || items
+                    .chunks_exact(2)
+                    .any(|kv| matches!(kv[0], Value::Str(k) if k == want))
+        };
+        if is(k::ACTION) {
+            return self.trace_entry(items).map(Some);
         }
-        if is_trace {
-            return self.trace_entry(strings, items).map(Some);
-        }
-        if is_frame {
+        if is(k::FILENAME) {
             return Ok(self.frame(items));
         }
         Ok(None)
@@ -311,9 +331,8 @@ pub fn read<R: Read>(
     progress: Option<Box<dyn FnMut(u64)>>,
 ) -> Result<Snapshot, SnapshotError> {
     let mut strings = Strings::default();
-    let k = Keys::new(&mut strings);
+    intern_keys(&mut strings);
     let mut b = SnapshotBuilder {
-        k,
         stacks: Stacks::default(),
         events: Vec::new(),
         frame_buf: Vec::new(),
@@ -324,9 +343,8 @@ pub fn read<R: Read>(
     };
     let parsed = pickle::read(src, &mut b, strings, progress)?;
     let SnapshotBuilder {
-        k,
         stacks,
-        events: all_events,
+        events: mut all_events,
         seen_time,
         seen_compile_context,
         seen_user_metadata,
@@ -334,7 +352,6 @@ pub fn read<R: Read>(
         ..
     } = b;
     let mut d = Decoder {
-        k: &k,
         strings: &parsed.strings,
         work_left: parsed.bytes_read.max(1024),
         stacks,
@@ -358,8 +375,8 @@ pub fn read<R: Read>(
         version.bare_list = true;
         d.segments(&items, &mut tl, &mut version)?;
     } else if let Some(items) = top.dict_items() {
-        let segs = dict_get(&items, k.segments);
-        let traces = dict_get(&items, k.device_traces);
+        let segs = dict_get(&items, k::SEGMENTS);
+        let traces = dict_get(&items, k::DEVICE_TRACES);
         if segs.is_none() && traces.is_none() {
             let keys: Vec<String> = items
                 .chunks_exact(2)
@@ -391,6 +408,7 @@ pub fn read<R: Read>(
                     traces.type_name()
                 ))
             })?;
+            let mut consumed = 0usize;
             for (dev, list) in lists.iter().enumerate() {
                 let entries = list.list_items().ok_or_else(|| {
                     SnapshotError::Shape(format!(
@@ -402,34 +420,55 @@ pub fn read<R: Read>(
                     continue;
                 }
                 d.spend(entries.len(), "device_traces")?;
-                let mut events = Vec::with_capacity(entries.len());
                 for (i, e) in entries.iter().enumerate() {
-                    match e {
-                        Value::Custom(TRACE, idx) => events.push(all_events[*idx as usize].clone()),
-                        other => {
-                            return Err(SnapshotError::Shape(format!(
-                                "device_traces[{dev}][{i}] is {}, expected a trace entry dict with an 'action'",
-                                other.type_name()
-                            )))
-                        }
+                    if !matches!(e, Value::Custom(TRACE, _)) {
+                        return Err(SnapshotError::Shape(format!(
+                            "device_traces[{dev}][{i}] is {}, expected a trace entry dict with an 'action'",
+                            e.type_name()
+                        )));
                     }
                 }
+                // The pickler writes each device's entries in order, so they are the next run of converted
+                // events: move that run instead of copying it.
+                let idx = |v: &Value| match v {
+                    Value::Custom(_, i) => *i as usize - consumed,
+                    _ => unreachable!("checked above"),
+                };
+                let contiguous = entries.iter().enumerate().all(|(i, e)| match e {
+                    Value::Custom(_, j) => *j as usize == consumed + i,
+                    _ => false,
+                });
+                let events = if contiguous {
+                    let rest = all_events.split_off(entries.len());
+                    consumed += entries.len();
+                    std::mem::replace(&mut all_events, rest)
+                } else {
+                    entries
+                        .iter()
+                        .map(|e| match e {
+                            Value::Custom(_, j) if (*j as usize) >= consumed => {
+                                all_events[idx(e)].clone()
+                            }
+                            _ => Event::new(Action::Unknown, 0, 0),
+                        })
+                        .collect()
+                };
                 tl.device_mut(dev as i64).events = events;
             }
         }
-        if let Some(s) = dict_get(&items, k.allocator_settings) {
+        if let Some(s) = dict_get(&items, k::ALLOCATOR_SETTINGS) {
             version.settings = true;
             tl.settings = Some(d.settings(s, &mut version));
         }
-        if let Some(a) = dict_get(&items, k.external_annotations) {
+        if let Some(a) = dict_get(&items, k::EXTERNAL_ANNOTATIONS) {
             version.annotations = true;
             tl.annotations = d.annotations(a);
         }
-        if let Some(h) = dict_get(&items, k.host_segments) {
+        if let Some(h) = dict_get(&items, k::HOST_SEGMENTS) {
             version.host = true;
             tl.capture.host_segments = h.list_items().map_or(0, |l| l.len());
         }
-        if let Some(h) = dict_get(&items, k.host_traces) {
+        if let Some(h) = dict_get(&items, k::HOST_TRACES) {
             tl.capture.host_trace_entries = h.list_items().map_or(0, |l| l.len());
         }
     } else {
@@ -546,7 +585,6 @@ impl Version {
 }
 
 struct Decoder<'a> {
-    k: &'a Keys,
     stacks: Stacks,
     frame_buf: Vec<u32>,
     strings: &'a Strings,
@@ -612,7 +650,6 @@ impl Decoder<'_> {
         version: &mut Version,
     ) -> Result<(), SnapshotError> {
         self.spend(list.len(), "segments")?;
-        let k = self.k;
         for (si, seg) in list.iter().enumerate() {
             let ctx = || format!("segments[{si}]");
             let items = seg.dict_items().ok_or_else(|| {
@@ -622,7 +659,7 @@ impl Decoder<'_> {
                     seg.type_name()
                 ))
             })?;
-            let device = match self.get(&items, k.device) {
+            let device = match self.get(&items, k::DEVICE) {
                 Some(v) => v.as_i64().ok_or_else(|| {
                     SnapshotError::Shape(format!(
                         "{}: 'device' is {}, expected an int",
@@ -632,16 +669,16 @@ impl Decoder<'_> {
                 })?,
                 None => 0,
             };
-            let address = self.need(&items, k.address, &ctx)?;
-            let total_size = self.need(&items, k.total_size, &ctx)?;
+            let address = self.need(&items, k::ADDRESS, &ctx)?;
+            let total_size = self.need(&items, k::TOTAL_SIZE, &ctx)?;
             let stream = self
-                .get(&items, k.stream)
+                .get(&items, k::STREAM)
                 .and_then(|v| v.as_u64().or(v.as_i64().map(|i| i as u64)));
-            let kind = match self.get(&items, k.segment_type) {
-                Some(Value::Str(s)) if *s == k.small => PoolKind::Small,
+            let kind = match self.get(&items, k::SEGMENT_TYPE) {
+                Some(Value::Str(s)) if *s == k::SMALL => PoolKind::Small,
                 _ => PoolKind::Large,
             };
-            let pool_id = match self.get(&items, k.segment_pool_id) {
+            let pool_id = match self.get(&items, k::SEGMENT_POOL_ID) {
                 Some(v) => {
                     version.pool_ids = true;
                     pair(v).unwrap_or((0, 0))
@@ -649,15 +686,15 @@ impl Decoder<'_> {
                 None => (0, 0),
             };
             let expandable = self
-                .get(&items, k.is_expandable)
+                .get(&items, k::IS_EXPANDABLE)
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
-            let seg_stack = self.stack(self.get(&items, k.frames));
-            let declared_allocated = self.u64_field(&items, k.allocated_size, &ctx)?;
-            let declared_active = self.u64_field(&items, k.active_size, &ctx)?;
+            let seg_stack = self.stack(self.get(&items, k::FRAMES));
+            let declared_allocated = self.u64_field(&items, k::ALLOCATED_SIZE, &ctx)?;
+            let declared_active = self.u64_field(&items, k::ACTIVE_SIZE, &ctx)?;
 
             let blocks_v = self
-                .get(&items, k.blocks)
+                .get(&items, k::BLOCKS)
                 .ok_or_else(|| SnapshotError::Shape(format!("{}: missing 'blocks'", ctx())))?;
             let blist = blocks_v.list_items().ok_or_else(|| {
                 SnapshotError::Shape(format!(
@@ -679,9 +716,9 @@ impl Decoder<'_> {
                     ))
                 })?;
                 let size = self
-                    .u64_field(&bitems, k.size, &bctx)?
+                    .u64_field(&bitems, k::SIZE, &bctx)?
                     .ok_or_else(|| SnapshotError::Shape(format!("{}: missing 'size'", bctx())))?;
-                let state = match self.get(&bitems, k.state) {
+                let state = match self.get(&bitems, k::STATE) {
                     Some(Value::Str(s)) => BlockState::from_name(self.strings.get(*s)).ok_or_else(|| {
                         SnapshotError::Shape(format!(
                             "{}: unknown block state '{}' (expected active_allocated, active_pending_free or \
@@ -700,7 +737,7 @@ impl Decoder<'_> {
                     None => return Err(SnapshotError::Shape(format!("{}: missing 'state'", bctx()))),
                 };
                 // 1.13/2.0 blocks have no address: they tile the segment, so it is the running sum.
-                let addr = match self.u64_field(&bitems, k.address, &bctx)? {
+                let addr = match self.u64_field(&bitems, k::ADDRESS, &bctx)? {
                     Some(a) => {
                         version.block_address = true;
                         a
@@ -708,16 +745,16 @@ impl Decoder<'_> {
                     None => next_addr,
                 };
                 next_addr = addr.wrapping_add(size);
-                let requested_size = self.u64_field(&bitems, k.requested_size, &bctx)?;
+                let requested_size = self.u64_field(&bitems, k::REQUESTED_SIZE, &bctx)?;
                 version.requested_size |= requested_size.is_some();
-                let mut stack = self.stack(self.get(&bitems, k.frames));
-                if let Some(h) = self.get(&bitems, k.history) {
+                let mut stack = self.stack(self.get(&bitems, k::FRAMES));
+                if let Some(h) = self.get(&bitems, k::HISTORY) {
                     version.history = true;
                     // Newest entry first; an inactive block's history is its previous occupant's, not a live stack.
                     if state != BlockState::Inactive {
                         if let Some(first) = h.list_items().and_then(|l| l.first().cloned()) {
                             if let Some(hi) = first.dict_items() {
-                                stack = self.stack(self.get(&hi, k.frames));
+                                stack = self.stack(self.get(&hi, k::FRAMES));
                             }
                         }
                     }
@@ -751,7 +788,6 @@ impl Decoder<'_> {
     }
 
     fn settings(&self, v: &Value, version: &mut Version) -> AllocatorSettings {
-        let k = self.k;
         let mut s = AllocatorSettings::default();
         let Some(items) = v.dict_items() else {
             return s;
@@ -781,17 +817,17 @@ impl Decoder<'_> {
                 other => other.type_name().to_string(),
             };
             s.raw.push((self.strings.get(key).to_string(), shown));
-            if key == k.alloc_conf {
+            if key == k::ALLOC_CONF {
                 s.alloc_conf = val.as_str_id().map(|x| self.strings.get(x).to_string());
-            } else if key == k.expandable_segments {
+            } else if key == k::EXPANDABLE_SEGMENTS {
                 s.expandable_segments = val.as_bool();
-            } else if key == k.max_split_size {
+            } else if key == k::MAX_SPLIT_SIZE {
                 s.max_split_size = val.as_i64().filter(|&m| m > 0).map(|m| m as u64);
-            } else if key == k.gc_threshold {
+            } else if key == k::GC_THRESHOLD {
                 s.garbage_collection_threshold = val.as_f64();
-            } else if key == k.max_cached_size {
+            } else if key == k::MAX_CACHED_SIZE {
                 version.max_cached_size = true;
-            } else if key == k.roundup {
+            } else if key == k::ROUNDUP {
                 if let Some(d) = val.dict_items() {
                     for kv in d.chunks_exact(2) {
                         let mib = kv[0]
@@ -817,7 +853,6 @@ impl Decoder<'_> {
     }
 
     fn annotations(&self, v: &Value) -> Vec<Annotation> {
-        let k = self.k;
         let Some(list) = v.list_items() else {
             return Vec::new();
         };
@@ -825,19 +860,19 @@ impl Decoder<'_> {
             .filter_map(|a| {
                 let items = a.dict_items()?;
                 let name = self
-                    .get(&items, k.name)
+                    .get(&items, k::NAME)
                     .and_then(Value::as_str_id)
                     .unwrap_or(NO_STR);
                 let stage = self
-                    .get(&items, k.stage)
+                    .get(&items, k::STAGE)
                     .and_then(Value::as_str_id)
                     .map(|s| self.strings.get(s));
                 Some(Annotation {
                     device: self
-                        .get(&items, k.device)
+                        .get(&items, k::DEVICE)
                         .and_then(Value::as_i64)
                         .unwrap_or(0),
-                    time_us: self.get(&items, k.time_us).and_then(Value::as_i64)?,
+                    time_us: self.get(&items, k::TIME_US).and_then(Value::as_i64)?,
                     name,
                     start: stage != Some("END"),
                 })

@@ -70,23 +70,71 @@ impl Action {
 /// Sentinel for "no string" in compact records.
 pub const NO_STR: StrId = u32::MAX;
 
-/// One allocator event (a snapshot trace entry). Compact: millions of these are kept.
+/// One allocator event (a snapshot trace entry). Millions are kept, so it is 64 bytes: optional fields are
+/// stored with sentinels and read through accessors.
 #[derive(Clone, Debug)]
 pub struct Event {
-    pub action: Action,
     pub addr: u64,
     /// Meaning depends on the action: caller's size for `alloc`, requested size for frees, segment or mapped
     /// bytes for segment events, rounded search size for `oom`, active bytes for `snapshot`.
     pub size: u64,
     pub stream: u64,
-    /// Only on `oom`: what `cudaMemGetInfo` reported free.
-    pub device_free: Option<u64>,
-    /// Microseconds since the Unix epoch (torch ≥ 2.2).
-    pub time_us: Option<i64>,
+    device_free: u64,
+    time_us: i64,
     pub stack: StackId,
     pub compile_context: StrId,
     pub user_metadata: StrId,
-    pub pool_id: Option<(i64, i64)>,
+    pool_id: (i32, i32),
+    pub action: Action,
+}
+
+const NO_U64: u64 = u64::MAX;
+const NO_TIME: i64 = i64::MIN;
+const NO_POOL: (i32, i32) = (i32::MIN, i32::MIN);
+
+impl Event {
+    pub fn new(action: Action, addr: u64, size: u64) -> Event {
+        Event {
+            addr,
+            size,
+            stream: 0,
+            device_free: NO_U64,
+            time_us: NO_TIME,
+            stack: stacks::EMPTY_STACK,
+            compile_context: NO_STR,
+            user_metadata: NO_STR,
+            pool_id: NO_POOL,
+            action,
+        }
+    }
+
+    /// Only on `oom`: what `cudaMemGetInfo` reported free.
+    pub fn device_free(&self) -> Option<u64> {
+        (self.device_free != NO_U64).then_some(self.device_free)
+    }
+
+    pub fn set_device_free(&mut self, v: u64) {
+        self.device_free = v.min(NO_U64 - 1);
+    }
+
+    /// Microseconds since the Unix epoch (torch ≥ 2.2).
+    pub fn time_us(&self) -> Option<i64> {
+        (self.time_us != NO_TIME).then_some(self.time_us)
+    }
+
+    pub fn set_time_us(&mut self, v: i64) {
+        self.time_us = v.max(NO_TIME + 1);
+    }
+
+    /// The memory pool of the event (torch ≥ 2.12).
+    pub fn pool_id(&self) -> Option<(i64, i64)> {
+        (self.pool_id != NO_POOL).then_some((self.pool_id.0 as i64, self.pool_id.1 as i64))
+    }
+
+    pub fn set_pool_id(&mut self, (a, b): (i64, i64)) {
+        let clamp = |v: i64| v.clamp(i32::MIN as i64 + 1, i32::MAX as i64) as i32;
+        self.pool_id = (clamp(a), clamp(b));
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]

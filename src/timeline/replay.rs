@@ -248,9 +248,9 @@ impl State {
                 self.merge_free(e.addr);
                 Ok(())
             }
-            Action::SegmentAlloc => self.add_segment(e.addr, e.size, e.stream, e.pool_id, false),
+            Action::SegmentAlloc => self.add_segment(e.addr, e.size, e.stream, e.pool_id(), false),
             Action::SegmentFree => self.remove_segment(e.addr),
-            Action::SegmentMap => self.map(e.addr, e.size, e.stream, e.pool_id),
+            Action::SegmentMap => self.map(e.addr, e.size, e.stream, e.pool_id()),
             Action::SegmentUnmap => self.unmap(e.addr, e.size),
             Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown => Ok(()),
         }
@@ -286,9 +286,9 @@ impl State {
             }
             Action::FreeCompleted => self.carve(e, rules),
             Action::SegmentAlloc => self.remove_segment(e.addr),
-            Action::SegmentFree => self.add_segment(e.addr, e.size, e.stream, e.pool_id, false),
+            Action::SegmentFree => self.add_segment(e.addr, e.size, e.stream, e.pool_id(), false),
             Action::SegmentMap => self.unmap(e.addr, e.size),
-            Action::SegmentUnmap => self.map(e.addr, e.size, e.stream, e.pool_id),
+            Action::SegmentUnmap => self.map(e.addr, e.size, e.stream, e.pool_id()),
             Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown => Ok(()),
         }
     }
@@ -755,13 +755,17 @@ pub fn completeness(dev: &DeviceTimeline) -> Completeness {
     c
 }
 
-/// Replays one device. Construction runs one forward pass (for the peak and the end-state check); `state_at`
-/// replays again up to the asked-for event.
+/// Checkpoint spacing: `state_at` replays at most this many events from a stored state.
+const CHECKPOINT_EVERY: usize = 1 << 16;
+
+/// Replays one device. Construction runs one forward pass (for the peak, checkpoints and the end-state check);
+/// `state_at` starts from the nearest checkpoint.
 pub struct Replay<'t> {
     dev: &'t DeviceTimeline,
     pub rules: Rules,
     pub completeness: Completeness,
-    start: State,
+    /// `checkpoints[k]` is the state before event `k * CHECKPOINT_EVERY`.
+    checkpoints: Vec<State>,
     /// Events the replay could not apply as the allocator would have.
     pub anomalies: Vec<Anomaly>,
     /// Highest allocated bytes and the event after which it was reached (`None`: before the first event).
@@ -769,86 +773,115 @@ pub struct Replay<'t> {
     pub peak_reserved: (u64, Option<u32>),
     /// How the replayed end differs from the file's final segments; `None` when it lands exactly.
     pub end_mismatch: Option<String>,
-    /// Allocated bytes after each event (for charts).
-    pub allocated_series: Vec<u64>,
-    pub reserved_series: Vec<u64>,
+}
+
+struct Pass {
+    checkpoints: Vec<State>,
+    anomalies: Vec<Anomaly>,
+    peak_allocated: (u64, Option<u32>),
+    peak_reserved: (u64, Option<u32>),
+    end: State,
+}
+
+fn forward(events: &[Event], start: State, rules: &Rules) -> Pass {
+    let mut st = start;
+    let mut checkpoints = Vec::with_capacity(events.len() / CHECKPOINT_EVERY + 1);
+    let mut anomalies = Vec::new();
+    let mut peak_allocated = (st.allocated, None);
+    let mut peak_reserved = (st.reserved, None);
+    for (i, e) in events.iter().enumerate() {
+        if i % CHECKPOINT_EVERY == 0 {
+            checkpoints.push(st.clone());
+        }
+        if let Err(what) = st.apply(e, i as u32, rules) {
+            anomalies.push(Anomaly {
+                event: i as u32,
+                what,
+            });
+        }
+        if st.allocated > peak_allocated.0 {
+            peak_allocated = (st.allocated, Some(i as u32));
+        }
+        if st.reserved > peak_reserved.0 {
+            peak_reserved = (st.reserved, Some(i as u32));
+        }
+    }
+    if checkpoints.is_empty() {
+        checkpoints.push(st.clone());
+    }
+    Pass {
+        checkpoints,
+        anomalies,
+        peak_allocated,
+        peak_reserved,
+        end: st,
+    }
 }
 
 impl<'t> Replay<'t> {
     pub fn new(dev: &'t DeviceTimeline, settings: Option<&AllocatorSettings>) -> Replay<'t> {
         let rules = Rules::new(settings, dev);
-        let completeness = completeness(dev);
-        let final_state = State::from_segments(&dev.segments);
-        let mut anomalies = Vec::new();
-        let start = if completeness.complete() {
-            State::default()
-        } else {
-            let mut st = final_state.clone();
-            for (i, e) in dev.events.iter().enumerate().rev() {
-                if let Err(what) = st.unapply(e, &rules) {
-                    anomalies.push(Anomaly {
-                        event: i as u32,
-                        what,
-                    });
-                }
-            }
-            st
-        };
-        let mut st = start.clone();
-        let mut peak_allocated = (st.allocated, None);
-        let mut peak_reserved = (st.reserved, None);
-        let mut allocated_series = Vec::with_capacity(dev.events.len());
-        let mut reserved_series = Vec::with_capacity(dev.events.len());
-        for (i, e) in dev.events.iter().enumerate() {
-            if let Err(what) = st.apply(e, i as u32, &rules) {
-                anomalies.push(Anomaly {
-                    event: i as u32,
-                    what,
-                });
-            }
-            if st.allocated > peak_allocated.0 {
-                peak_allocated = (st.allocated, Some(i as u32));
-            }
-            if st.reserved > peak_reserved.0 {
-                peak_reserved = (st.reserved, Some(i as u32));
-            }
-            allocated_series.push(st.allocated);
-            reserved_series.push(st.reserved);
-        }
-        let end_mismatch = if dev.events.is_empty() {
+        // Most traces with a history start from an empty device: try that first, it needs no extra pass.
+        let mut pass = forward(&dev.events, State::default(), &rules);
+        let mut end_mismatch = if dev.events.is_empty() {
             None
         } else {
-            st.diff(&dev.segments)
+            pass.end.diff(&dev.segments)
         };
+        let mut completeness = Completeness::default();
+        if !dev.events.is_empty() && (!pass.anomalies.is_empty() || end_mismatch.is_some()) {
+            completeness = self::completeness(dev);
+            if !completeness.complete() {
+                // The trace starts mid-way: rebuild its starting state by undoing it from the file's final state.
+                let mut st = State::from_segments(&dev.segments);
+                let mut undo_anomalies = Vec::new();
+                for (i, e) in dev.events.iter().enumerate().rev() {
+                    if let Err(what) = st.unapply(e, &rules) {
+                        undo_anomalies.push(Anomaly {
+                            event: i as u32,
+                            what,
+                        });
+                    }
+                }
+                pass = forward(&dev.events, st, &rules);
+                undo_anomalies.reverse();
+                pass.anomalies.splice(0..0, undo_anomalies);
+                end_mismatch = pass.end.diff(&dev.segments);
+            }
+        } else if dev.events.is_empty() {
+            completeness = self::completeness(dev);
+        }
         Replay {
             dev,
             rules,
             completeness,
-            start,
-            anomalies,
-            peak_allocated,
-            peak_reserved,
+            checkpoints: pass.checkpoints,
+            anomalies: pass.anomalies,
+            peak_allocated: pass.peak_allocated,
+            peak_reserved: pass.peak_reserved,
             end_mismatch,
-            allocated_series,
-            reserved_series,
         }
+    }
+
+    /// Whether the trace reaches back to an empty allocator.
+    pub fn complete(&self) -> bool {
+        !self.dev.events.is_empty() && self.completeness.complete()
     }
 
     /// The state right after event `idx` (`None`: before the first event). Exact from the file when nothing after
     /// `idx` changes the allocator's state.
     pub fn state_at(&self, idx: Option<u32>) -> State {
-        let from = idx.map_or(0, |i| i as usize + 1);
-        if self.dev.events[from.min(self.dev.events.len())..]
-            .iter()
-            .all(|e| e.action.is_marker())
-        {
+        let upto = idx.map_or(0, |i| i as usize + 1).min(self.dev.events.len());
+        if self.dev.events[upto..].iter().all(|e| e.action.is_marker()) {
             let mut st = State::from_segments(&self.dev.segments);
             self.attach_alloc_events(&mut st);
             return st;
         }
-        let mut st = self.start.clone();
-        for (i, e) in self.dev.events[..from].iter().enumerate() {
-            let _ = st.apply(e, i as u32, &self.rules);
+        let k = (upto / CHECKPOINT_EVERY).min(self.checkpoints.len() - 1);
+        let mut st = self.checkpoints[k].clone();
+        let from = k * CHECKPOINT_EVERY;
+        for (i, e) in self.dev.events[from..upto].iter().enumerate() {
+            let _ = st.apply(e, (from + i) as u32, &self.rules);
         }
         st
     }
@@ -897,18 +930,7 @@ mod tests {
     }
 
     fn ev(action: Action, addr: u64, size: u64) -> Event {
-        Event {
-            action,
-            addr,
-            size,
-            stream: 0,
-            device_free: None,
-            time_us: None,
-            stack: EMPTY_STACK,
-            compile_context: super::super::NO_STR,
-            user_metadata: super::super::NO_STR,
-            pool_id: None,
-        }
+        Event::new(action, addr, size)
     }
 
     #[test]
