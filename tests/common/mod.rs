@@ -1,0 +1,67 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Runs the real `oomdoc` binary from the crate root (so fixture paths in reports are relative and stable).
+pub fn oomdoc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_oomdoc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("NO_COLOR")
+        .env("OOMDOC_TEST", "1")
+        .output()
+        .expect("oomdoc runs")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every file in a fixtures folder with the given extension, sorted, as paths relative to the crate root.
+pub fn fixtures(dir: &str, ext: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(root().join(dir))
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(ext))
+        .map(|n| format!("{dir}/{n}"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A scratch file that is removed when dropped.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn with(name: &str, bytes: &[u8]) -> TempFile {
+        let dir = std::env::temp_dir().join(format!("oomdoc-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        TempFile(p)
+    }
+    pub fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+pub fn read(p: impl AsRef<Path>) -> Vec<u8> {
+    std::fs::read(root().join(p)).unwrap()
+}
