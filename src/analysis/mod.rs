@@ -15,7 +15,7 @@ use crate::timeline::{
     Timeline,
 };
 use crate::units::{bytes, duration_us};
-pub use stacks::{culprit, stack_frames, FrameView};
+pub use stacks::{culprit, stack_frames, user_chain, FrameView};
 
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -202,6 +202,8 @@ pub struct StackGroup {
     pub bytes: u64,
     pub count: usize,
     pub culprit: String,
+    /// The allocation site and its callers in the user's code, innermost first.
+    pub callers: String,
     pub stack: Vec<String>,
     #[serde(skip)]
     pub stack_id: StackId,
@@ -398,16 +400,34 @@ fn analyze_device(
         .map(|(stack_id, (bytes, count))| StackGroup {
             bytes,
             count,
-            culprit: culprit(tl, stack_id),
-            stack: stack_frames(tl, stack_id)
-                .iter()
-                .map(FrameView::full)
-                .collect(),
+            culprit: String::new(),
+            callers: String::new(),
+            stack: Vec::new(),
             stack_id,
         })
         .collect();
     by_stack.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack_id.cmp(&b.stack_id)));
     by_stack.truncate(opts.top);
+    // Show as many callers as it takes to tell the listed stacks apart (at least 3, at most 8).
+    let mut depth = 3;
+    while depth < 8 {
+        let chains: rustc_hash::FxHashSet<String> = by_stack
+            .iter()
+            .map(|g| user_chain(tl, g.stack_id, depth))
+            .collect();
+        if chains.len() == by_stack.len() {
+            break;
+        }
+        depth += 1;
+    }
+    for g in &mut by_stack {
+        g.culprit = culprit(tl, g.stack_id);
+        g.callers = user_chain(tl, g.stack_id, depth);
+        g.stack = stack_frames(tl, g.stack_id)
+            .iter()
+            .map(FrameView::full)
+            .collect();
+    }
 
     let no_stack = live
         .iter()
@@ -527,12 +547,24 @@ fn notes(
         );
     } else if !trace.complete {
         let c = &replay.completeness;
+        let parts: Vec<String> = [
+            (c.frees_without_alloc, "frees of allocations made before it"),
+            (
+                c.live_without_alloc,
+                "blocks live at the end that it never saw allocated",
+            ),
+            (c.segments_without_alloc, "segments it never saw created"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
         notes.push(format!(
-            "The trace does not reach back to the start of the program: {} frees of allocations made before it, \
-             {} blocks live at the end that it never saw allocated, {} segments it never saw created. The ring \
-             buffer wrapped (or recording started late); the state before its first event was rebuilt from the \
-             file's final segments. Raise max_entries in _record_memory_history to keep more.",
-            c.frees_without_alloc, c.live_without_alloc, c.segments_without_alloc
+            "The trace does not reach back to the start of the program ({}): the ring buffer wrapped, or \
+             recording started late. The state before its first event was rebuilt from the file's final \
+             segments; the peak is the peak within the trace. Raise max_entries in _record_memory_history to keep \
+             more.",
+            parts.join(", ")
         ));
     }
     if no_stack.0 > 0 && live_count > 0 {

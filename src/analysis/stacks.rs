@@ -64,14 +64,40 @@ pub fn culprit(tl: &Timeline, stack: StackId) -> String {
         return f.short();
     }
     // Native frames only (typically the backward pass on the autograd thread): name the ATen operator.
-    for f in &frames {
-        if let Some(i) = f.name.find("at::_ops::") {
-            let op = &f.name[i + "at::_ops::".len()..];
-            let op = op.split("::").next().unwrap_or(op);
-            return format!("aten::{op} (native frames only)");
-        }
+    if let Some(op) = frames.iter().find_map(|f| aten_op(&f.name)) {
+        return format!("{op} (native frames only)");
     }
-    frames[0].short()
+    let mut s = frames[0].short();
+    if s.len() > 100 {
+        s.truncate(s.char_indices().nth(97).map_or(s.len(), |(i, _)| i));
+        s.push('…');
+    }
+    s
+}
+
+/// `aten::bmm` from a native frame such as `at::_ops::bmm::call(...)`.
+fn aten_op(name: &str) -> Option<String> {
+    let i = name.find("at::_ops::")?;
+    let op = &name[i + "at::_ops::".len()..];
+    Some(format!("aten::{}", op.split("::").next().unwrap_or(op)))
+}
+
+/// The allocation site and its callers in the user's own code, innermost first: `allocate (backend.py:195) ←
+/// init_weight (flex_opt.py:139)`. Two stacks with the same allocation site are told apart by their callers.
+pub fn user_chain(tl: &Timeline, stack: StackId, depth: usize) -> String {
+    let frames = stack_frames(tl, stack);
+    let user: Vec<&FrameView> = frames.iter().filter(|f| !f.library).take(depth).collect();
+    if user.is_empty() {
+        return culprit(tl, stack);
+    }
+    user.iter()
+        .map(|f| {
+            let file = f.filename.replace('\\', "/");
+            let file = file.rsplit('/').next().unwrap_or(&file).to_string();
+            format!("{} ({file}:{})", f.name, f.line)
+        })
+        .collect::<Vec<_>>()
+        .join(" ← ")
 }
 
 /// A stack shortened for reading: the user's frames shown, each run of library frames folded into one line.
@@ -86,15 +112,20 @@ pub fn folded(tl: &Timeline, stack: StackId, max_lines: usize) -> Vec<(bool, Str
                 i += 1;
             }
             let n = i - start;
-            // The innermost library frame is the one that says what kind of allocation this is.
-            let shown = frames[start..i]
-                .iter()
-                .find(|f| f.filename.ends_with(".py"))
-                .unwrap_or(&frames[start]);
+            // The innermost Python library frame says what kind of allocation this is; a run of native frames is
+            // best named by its ATen operator.
+            let run = &frames[start..i];
+            let label = match run.iter().find(|f| f.filename.ends_with(".py")) {
+                Some(f) => f.short(),
+                None => run
+                    .iter()
+                    .find_map(|f| aten_op(&f.name))
+                    .unwrap_or_else(|| "native code".into()),
+            };
             let text = if n == 1 {
-                shown.short()
+                label
             } else {
-                format!("{} (+{} library frames)", shown.short(), n - 1)
+                format!("{label} (+{} library frames)", n - 1)
             };
             out.push((true, text));
         } else {

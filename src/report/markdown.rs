@@ -109,7 +109,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
                 bytes(g.bytes),
                 percent(g.bytes, d.allocated_bytes),
                 g.count,
-                g.culprit.replace('`', "'")
+                g.callers.replace('`', "'")
             );
         }
         let _ = writeln!(o);

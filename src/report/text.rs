@@ -180,7 +180,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
                 bytes(g.bytes),
                 percent(g.bytes, d.allocated_bytes),
                 format!("×{}", g.count),
-                st.cyan(&g.culprit)
+                st.cyan(&g.callers)
             );
         }
     }

@@ -1,0 +1,199 @@
+//! Bad input gets one clear line on stderr and exit code 2: never a panic, never a backtrace, never code run.
+
+mod common;
+
+use common::{oomdoc, stderr, TempFile};
+
+/// Runs `oomdoc analyze` on `bytes` and returns the single error line, checking the contract.
+fn error_for(name: &str, bytes: &[u8]) -> String {
+    let f = TempFile::with(name, bytes);
+    let o = oomdoc(&["analyze", f.path()]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{name}: exit code; stderr: {err}");
+    assert!(o.stdout.is_empty(), "{name}: printed a report");
+    assert_eq!(err.lines().count(), 1, "{name}: not one line: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "{name}: {err}"
+    );
+    assert!(
+        err.starts_with("oomdoc: error: ") && err.contains(f.path()),
+        "{name}: names the file: {err}"
+    );
+    err
+}
+
+#[test]
+fn empty_file() {
+    assert!(error_for("empty.pickle", b"").contains("empty"));
+}
+
+#[test]
+fn not_a_pickle() {
+    let e = error_for(
+        "log.txt",
+        b"Traceback (most recent call last):\n  File \"train.py\"\n",
+    );
+    assert!(e.contains("byte 0") && e.contains("0x54"), "{e}");
+}
+
+#[test]
+fn truncated_at_many_offsets() {
+    let full = common::read("fixtures/real/mlsys-linear-t24.pickle");
+    for cut in [
+        1,
+        2,
+        3,
+        100,
+        full.len() / 3,
+        full.len() / 2,
+        full.len() - 2,
+        full.len() - 1,
+    ] {
+        let e = error_for(&format!("cut{cut}.pickle"), &full[..cut]);
+        assert!(
+            e.contains("truncated") || e.contains("byte"),
+            "cut at {cut}: {e}"
+        );
+    }
+}
+
+#[test]
+fn global_reduce_calling_os_system_is_refused() {
+    // Protocol 2: GLOBAL 'os system', BINUNICODE 'touch <marker>', TUPLE1, REDUCE, STOP.
+    let marker = std::env::temp_dir().join(format!("oomdoc-pwned-{}", std::process::id()));
+    let cmd = format!("touch {}", marker.display());
+    let mut p = b"\x80\x02cos\nsystem\nq\x00X".to_vec();
+    p.extend_from_slice(&(cmd.len() as u32).to_le_bytes());
+    p.extend_from_slice(cmd.as_bytes());
+    p.extend_from_slice(b"q\x01\x85q\x02Rq\x03.");
+    let e = error_for("os_system.pickle", &p);
+    assert!(
+        e.contains("GLOBAL") && e.contains("byte 2") && e.contains("never executes"),
+        "{e}"
+    );
+    assert!(!marker.exists(), "the pickle's command ran");
+}
+
+#[test]
+fn stack_global_is_refused() {
+    // Protocol 4: SHORT_BINUNICODE 'os', MEMOIZE, SHORT_BINUNICODE 'system', MEMOIZE, STACK_GLOBAL ...
+    let p = b"\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x93\x94\x8c\x04true\x94\x85\x94R\x94.";
+    let e = error_for("stack_global.pickle", p);
+    assert!(e.contains("STACK_GLOBAL") && e.contains("byte 16"), "{e}");
+}
+
+#[test]
+fn other_object_opcodes_are_refused_by_name() {
+    for (name, op) in [
+        ("BUILD", b'b'),
+        ("INST", b'i'),
+        ("OBJ", b'o'),
+        ("NEWOBJ", 0x81),
+        ("PERSID", b'P'),
+        ("EXT1", 0x82),
+    ] {
+        let e = error_for(&format!("{name}.pickle"), &[0x80, 4, b'N', op, b'.']);
+        assert!(e.contains(name) && e.contains("byte 3"), "{name}: {e}");
+    }
+}
+
+#[test]
+fn memo_bomb_stays_small() {
+    // Billion laughs: level k+1 is a list of two references to level k; 60 levels would be 2^60 items if copied.
+    let mut p = vec![0x80, 4, b']', 0x94];
+    for level in 0..60u32 {
+        p.extend_from_slice(&[b']', 0x94, b'(', b'j']);
+        p.extend_from_slice(&(level * 2).to_le_bytes());
+        p.push(b'j');
+        p.extend_from_slice(&(level * 2).to_le_bytes());
+        p.push(b'e');
+        // MEMOIZE gave this list index 2*level+1; store it again at 2*(level+1) so the next level finds it.
+        p.push(b'r');
+        p.extend_from_slice(&((level + 1) * 2).to_le_bytes());
+    }
+    p.push(b'.');
+    let start = std::time::Instant::now();
+    let e = error_for("memo_bomb.pickle", &p);
+    assert!(e.contains("not a PyTorch memory snapshot"), "{e}");
+    assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
+}
+
+#[test]
+fn huge_memo_index_costs_nothing() {
+    let p = [
+        0x80, 4, b'K', 7, b'r', 0xf0, 0xff, 0xff, 0xff, b'0', b'j', 0xf0, 0xff, 0xff, 0xff, b'.',
+    ];
+    let e = error_for("memo_index.pickle", &p);
+    assert!(e.contains("holds an int"), "{e}");
+}
+
+#[test]
+fn ten_thousand_deep_nesting() {
+    let mut p = vec![0x80, 4];
+    p.extend(std::iter::repeat_n(b']', 10_000));
+    p.extend(std::iter::repeat_n(b'a', 9_999));
+    p.push(b'.');
+    let e = error_for("deep.pickle", &p);
+    assert!(e.contains("nested more than"), "{e}");
+}
+
+#[test]
+fn well_formed_pickle_of_the_wrong_shape() {
+    // {"hello": [1, 2, 3]}
+    let p = b"\x80\x04\x95\x14\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x05hello\x94]\x94(K\x01K\x02K\x03es.";
+    let e = error_for("wrong_shape.pickle", p);
+    assert!(
+        e.contains("not a PyTorch memory snapshot") && e.contains("'hello'"),
+        "{e}"
+    );
+    // [1, 2, 3]
+    let e = error_for("wrong_list.pickle", b"\x80\x04]\x94(K\x01K\x02K\x03e.");
+    assert!(e.contains("first item is an int"), "{e}");
+}
+
+#[test]
+fn a_field_of_the_wrong_type_names_where() {
+    // {"segments": [], "device_traces": [[{"action": "alloc", "addr": "x"}]]}
+    let p = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]](}(\x8c\x06action\x8c\x05alloc\x8c\x04addr\x8c\x01xuaau.";
+    let e = error_for("bad_field.pickle", p);
+    assert!(
+        e.contains("byte") && e.contains("'addr' is a str, expected a non-negative int"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_file_and_bad_usage() {
+    let o = oomdoc(&["analyze", "no/such/file.pickle"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("no/such/file.pickle") && e.lines().count() == 1,
+        "{e}"
+    );
+    let o = oomdoc(&[
+        "analyze",
+        "fixtures/real/mlsys-linear-t24.pickle",
+        "--at",
+        "tomorrow",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--at"), "{}", stderr(&o));
+    let o = oomdoc(&[
+        "analyze",
+        "fixtures/real/mlsys-linear-t24.pickle",
+        "--at",
+        "oom",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no OOM"), "{}", stderr(&o));
+    let o = oomdoc(&[
+        "analyze",
+        "fixtures/real/mlsys-linear-t24.pickle",
+        "--device",
+        "3",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("devices present: 0"), "{}", stderr(&o));
+}
