@@ -28,18 +28,53 @@ pub const MAX_DEPTH: u32 = 256;
 const BATCH: usize = 1000;
 const NO_SLOT: u32 = u32::MAX;
 const BUF_SIZE: usize = 1 << 20;
+/// The fast path only looks at what is already buffered; it tops the buffer up to this much first.
+const FAST_WINDOW: usize = 64 << 10;
 
-/// A value on the pickle machine's stack. 16 bytes: inline scalars, `Rc` for containers.
+/// A read position in a byte slice; every read returns `None` past the end (the fast path then gives up).
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl Cursor<'_> {
+    #[inline]
+    fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
+    }
+    #[inline]
+    fn at(&self, k: usize) -> Option<u8> {
+        self.buf.get(self.pos + k).copied()
+    }
+    #[inline]
+    fn next(&mut self) -> Option<u8> {
+        let b = self.buf.get(self.pos).copied()?;
+        self.pos += 1;
+        Some(b)
+    }
+    #[inline]
+    fn slice(&self, from: usize, n: usize) -> Option<&[u8]> {
+        self.buf.get(self.pos + from..self.pos + from + n)
+    }
+    #[inline]
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let s = self.buf.get(self.pos..self.pos.checked_add(n)?)?;
+        self.pos += n;
+        Some(s)
+    }
+}
+
+/// A value on the pickle machine's stack. 16 bytes (a test holds it): inline scalars, thin `Rc`s for the rest.
 #[derive(Clone, Debug)]
 pub enum Value {
     None,
     Bool(bool),
     Int(i64),
     /// An integer that does not fit in i64: little-endian two's complement bytes, as LONG1/LONG4 store them.
-    BigInt(Rc<[u8]>),
+    BigInt(Rc<Vec<u8>>),
     Float(f64),
     Str(StrId),
-    Bytes(Rc<[u8]>),
+    Bytes(Rc<Vec<u8>>),
     /// A 2-tuple of small ints, the shape of every pool id; kept inline to save an allocation per trace entry.
     IntPair(i32, i32),
     Tuple(Rc<Tuple>),
@@ -413,6 +448,8 @@ struct Machine<'b, B> {
     memo: Memo,
     strings: Strings,
     builder: &'b mut B,
+    /// Work stack of the fast path (see `fast_container`).
+    scratch: Vec<Value>,
 }
 
 /// Reads one pickle from `src`, handing closed containers to `builder`.
@@ -450,6 +487,7 @@ pub fn read<R: Read, B: Builder>(
         memo: Memo::default(),
         strings,
         builder,
+        scratch: Vec::new(),
     };
     let value = m.run(&mut input)?;
     Ok(Parsed {
@@ -610,13 +648,13 @@ impl<B: Builder> Machine<'_, B> {
                 b'C' => {
                     let n = input.byte("SHORT_BINBYTES")? as usize;
                     let b = input.take(n, "SHORT_BINBYTES")?;
-                    self.stack.push(Value::Bytes(b.into()));
+                    self.stack.push(Value::Bytes(Rc::new(b.to_vec())));
                 }
                 b'B' => {
                     let b = input.take(4, "BINBYTES")?;
                     let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
                     let b = input.take(n, "BINBYTES")?;
-                    self.stack.push(Value::Bytes(b.into()));
+                    self.stack.push(Value::Bytes(Rc::new(b.to_vec())));
                 }
                 0x8e | 0x96 => {
                     let what = if op == 0x8e {
@@ -626,7 +664,7 @@ impl<B: Builder> Machine<'_, B> {
                     };
                     let n = len8(input, what)?;
                     let b = input.take(n, what)?;
-                    self.stack.push(Value::Bytes(b.into()));
+                    self.stack.push(Value::Bytes(Rc::new(b.to_vec())));
                 }
                 // Text-protocol (0/1) scalars.
                 b'I' | b'L' => {
@@ -665,8 +703,14 @@ impl<B: Builder> Machine<'_, B> {
                     self.stack.push(Value::Str(id));
                 }
                 // Containers.
-                b'}' => self.stack.push(Value::PendingDict(NO_SLOT)),
-                b']' => self.stack.push(Value::PendingList(NO_SLOT)),
+                b'}' => match self.fast_container(input, true, off)? {
+                    Some(v) => self.stack.push(v),
+                    None => self.stack.push(Value::PendingDict(NO_SLOT)),
+                },
+                b']' => match self.fast_container(input, false, off)? {
+                    Some(v) => self.stack.push(v),
+                    None => self.stack.push(Value::PendingList(NO_SLOT)),
+                },
                 0x8f => self.stack.push(Value::PendingList(NO_SLOT)), // EMPTY_SET: read as a list
                 b')' => self.stack.push(Value::Tuple(Rc::new(Tuple::default()))),
                 0x85..=0x87 => {
@@ -800,6 +844,290 @@ impl<B: Builder> Machine<'_, B> {
                 }
             }
         }
+    }
+
+    /// The fast path. Called just after an EMPTY_DICT / EMPTY_LIST opcode at `off`: if the container's whole body
+    /// is in the buffer and uses only plain scalars, memo references, tuples and (one level of) nested frame-like
+    /// containers, decode it straight into its final value and consume it. Otherwise undo any memo entries it made
+    /// and return `None`, leaving the input where it was for the generic machine. Records in memory snapshots (trace
+    /// entries, frames, stacks) almost always qualify, so the generic stack/mark machinery is mostly skipped.
+    fn fast_container<R: Read>(
+        &mut self,
+        input: &mut Input<R>,
+        is_dict: bool,
+        off: u64,
+    ) -> Result<Option<Value>, PickleError> {
+        if !self.memo.sparse.is_empty() {
+            return Ok(None);
+        }
+        if input.end - input.pos < FAST_WINDOW && !input.eof {
+            input.fill(FAST_WINDOW)?;
+        }
+        let memo_mark = self.memo.dense.len();
+        let scratch_mark = self.scratch.len();
+        let mut cur = Cursor {
+            buf: &input.buf[input.pos..input.end],
+            pos: 0,
+        };
+        let r = self.fast_body(&mut cur, is_dict, 0, off + 1);
+        match r {
+            Ok(Some(v)) => {
+                input.pos += cur.pos;
+                Ok(Some(v))
+            }
+            Ok(None) => {
+                self.memo.dense.truncate(memo_mark);
+                self.scratch.truncate(scratch_mark);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Body of a fast container: `[memo] ( items u|e` or `[memo] item a` / `[memo] key value s`.
+    fn fast_body(
+        &mut self,
+        cur: &mut Cursor,
+        is_dict: bool,
+        depth: u32,
+        base: u64,
+    ) -> Result<Option<Value>, PickleError> {
+        let slot = match cur.peek() {
+            Some(0x94) => {
+                cur.pos += 1;
+                Some(self.memo.dense.len() as u32)
+            }
+            Some(b'q') => {
+                let Some(i) = cur.at(1) else { return Ok(None) };
+                cur.pos += 2;
+                Some(i as u32)
+            }
+            Some(b'r') => {
+                let Some(b) = cur.slice(1, 4) else {
+                    return Ok(None);
+                };
+                let i = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                cur.pos += 5;
+                Some(i)
+            }
+            _ => None,
+        };
+        if let Some(slot) = slot {
+            if slot as usize != self.memo.dense.len() {
+                return Ok(None);
+            }
+            let pending = if is_dict {
+                Value::PendingDict(slot)
+            } else {
+                Value::PendingList(slot)
+            };
+            self.memo.dense.push(pending);
+        }
+        let single = match cur.peek() {
+            Some(b'(') => {
+                cur.pos += 1;
+                false
+            }
+            Some(_) => true,
+            None => return Ok(None),
+        };
+        let (close_many, close_one) = if is_dict { (b'u', b's') } else { (b'e', b'a') };
+        let mark = self.scratch.len();
+        loop {
+            let Some(op) = cur.next() else {
+                return Ok(None);
+            };
+            match op {
+                _ if op == close_many && !single => break,
+                _ if op == close_one && single => break,
+                b'K' => {
+                    let Some(b) = cur.next() else { return Ok(None) };
+                    self.scratch.push(Value::Int(b as i64));
+                }
+                b'M' => {
+                    let Some(b) = cur.take(2) else {
+                        return Ok(None);
+                    };
+                    self.scratch
+                        .push(Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64));
+                }
+                b'J' => {
+                    let Some(b) = cur.take(4) else {
+                        return Ok(None);
+                    };
+                    self.scratch.push(Value::Int(
+                        i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64
+                    ));
+                }
+                0x8a => {
+                    let Some(n) = cur.next() else { return Ok(None) };
+                    let Some(b) = cur.take(n as usize) else {
+                        return Ok(None);
+                    };
+                    self.scratch.push(long_value(b));
+                }
+                b'G' => {
+                    let Some(b) = cur.take(8) else {
+                        return Ok(None);
+                    };
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(b);
+                    self.scratch.push(Value::Float(f64::from_be_bytes(a)));
+                }
+                b'N' => self.scratch.push(Value::None),
+                0x88 => self.scratch.push(Value::Bool(true)),
+                0x89 => self.scratch.push(Value::Bool(false)),
+                0x8c => {
+                    let Some(n) = cur.next() else { return Ok(None) };
+                    let Some(b) = cur.take(n as usize) else {
+                        return Ok(None);
+                    };
+                    let id = self.strings.intern_bytes(b);
+                    self.scratch.push(Value::Str(id));
+                }
+                b'X' => {
+                    let Some(b) = cur.take(4) else {
+                        return Ok(None);
+                    };
+                    let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+                    let Some(b) = cur.take(n) else {
+                        return Ok(None);
+                    };
+                    let id = self.strings.intern_bytes(b);
+                    self.scratch.push(Value::Str(id));
+                }
+                b'h' | b'j' => {
+                    let idx = if op == b'h' {
+                        let Some(b) = cur.next() else { return Ok(None) };
+                        b as u32
+                    } else {
+                        let Some(b) = cur.take(4) else {
+                            return Ok(None);
+                        };
+                        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                    };
+                    match self.memo.dense.get(idx as usize) {
+                        Some(Value::PendingDict(_) | Value::PendingList(_)) | None => {
+                            return Ok(None)
+                        }
+                        Some(v) => self.scratch.push(v.clone()),
+                    }
+                }
+                0x94 | b'q' | b'r' => {
+                    let idx = match op {
+                        0x94 => self.memo.dense.len() as u32,
+                        b'q' => {
+                            let Some(b) = cur.next() else { return Ok(None) };
+                            b as u32
+                        }
+                        _ => {
+                            let Some(b) = cur.take(4) else {
+                                return Ok(None);
+                            };
+                            u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                        }
+                    };
+                    if idx as usize != self.memo.dense.len() || self.scratch.len() == mark {
+                        return Ok(None);
+                    }
+                    let top = self.scratch.last().expect("checked").clone();
+                    self.memo.dense.push(top);
+                }
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    if self.scratch.len() < mark + n {
+                        return Ok(None);
+                    }
+                    let at = self.scratch.len() - n;
+                    let t = match &self.scratch[at..] {
+                        [Value::Int(a), Value::Int(b)]
+                            if i32::try_from(*a).is_ok() && i32::try_from(*b).is_ok() =>
+                        {
+                            Value::IntPair(*a as i32, *b as i32)
+                        }
+                        items => {
+                            let d = items.iter().map(Value::depth).max().unwrap_or(0) + 1;
+                            if d > MAX_DEPTH {
+                                return Ok(None);
+                            }
+                            Value::Tuple(Rc::new(Tuple {
+                                depth: d,
+                                items: items.to_vec(),
+                            }))
+                        }
+                    };
+                    self.scratch.truncate(at);
+                    self.scratch.push(t);
+                }
+                // One level of nesting: the frames list of a trace entry, the frame dicts of a stack.
+                b'}' | b']' if depth < 2 => {
+                    match self.fast_body(cur, op == b'}', depth + 1, base)? {
+                        Some(v) => self.scratch.push(v),
+                        None => return Ok(None),
+                    }
+                }
+                _ => return Ok(None),
+            }
+        }
+        let n = self.scratch.len() - mark;
+        if single && n != if is_dict { 2 } else { 1 } {
+            return Ok(None);
+        }
+        let v = if is_dict {
+            if !n.is_multiple_of(2) {
+                return Ok(None);
+            }
+            let replaced = if n / 2 < BATCH {
+                self.builder
+                    .close_dict(&self.strings, &self.scratch[mark..])
+                    .map_err(|m| Self::err(base + cur.pos as u64, m))?
+            } else {
+                None
+            };
+            match replaced {
+                Some(v) => v,
+                None => {
+                    let d = self.scratch[mark..]
+                        .iter()
+                        .map(Value::depth)
+                        .max()
+                        .unwrap_or(0)
+                        + 1;
+                    if d > MAX_DEPTH {
+                        return Ok(None);
+                    }
+                    let items = self.scratch[mark..].to_vec();
+                    Value::Dict(Rc::new(RefCell::new(Dict { depth: d, items })))
+                }
+            }
+        } else {
+            let replaced = if n < BATCH {
+                self.builder.close_list(&self.scratch[mark..])
+            } else {
+                None
+            };
+            match replaced {
+                Some(v) => v,
+                None => {
+                    let d = self.scratch[mark..]
+                        .iter()
+                        .map(Value::depth)
+                        .max()
+                        .unwrap_or(0)
+                        + 1;
+                    if d > MAX_DEPTH {
+                        return Ok(None);
+                    }
+                    let items = self.scratch[mark..].to_vec();
+                    Value::List(Rc::new(RefCell::new(List { depth: d, items })))
+                }
+            }
+        };
+        self.scratch.truncate(mark);
+        if let Some(slot) = slot {
+            self.memo.dense[slot as usize] = v.clone();
+        }
+        Ok(Some(v))
     }
 
     fn make_tuple(&mut self, at: usize, off: u64) -> Result<Value, PickleError> {
@@ -1037,7 +1365,7 @@ fn long_value(b: &[u8]) -> Value {
         a[..b.len()].copy_from_slice(b);
         return Value::Int(i64::from_le_bytes(a));
     }
-    Value::BigInt(b.into())
+    Value::BigInt(Rc::new(b.to_vec()))
 }
 
 fn text_int(line: &[u8]) -> Option<Value> {
@@ -1054,7 +1382,7 @@ fn text_int(line: &[u8]) -> Option<Value> {
     let u: u64 = s.parse().ok()?;
     let mut bytes = u.to_le_bytes().to_vec();
     bytes.push(0);
-    Some(Value::BigInt(bytes.into()))
+    Some(Value::BigInt(Rc::new(bytes)))
 }
 
 fn text_index(line: &[u8]) -> Option<u32> {
@@ -1067,6 +1395,12 @@ mod tests {
 
     fn parse(bytes: &[u8]) -> Result<Parsed, PickleError> {
         read(bytes, &mut PlainBuilder, Strings::default(), None)
+    }
+
+    #[test]
+    fn values_stay_small() {
+        // The memo holds one Value per memoized object: millions in a big snapshot.
+        assert_eq!(std::mem::size_of::<Value>(), 16);
     }
 
     #[test]
