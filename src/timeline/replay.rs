@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::stacks::{StackId, EMPTY_STACK};
 use super::{Action, AllocatorSettings, BlockState, DeviceTimeline, Event, PoolKind, Segment};
@@ -93,7 +93,8 @@ fn round_to_division(size: u64, divisions: u64) -> u64 {
     }
 }
 
-/// A block as the replay knows it.
+/// A block as the replay knows it. Blocks of a segment form a doubly linked list in address order, as in
+/// PyTorch's allocator, so allocating, freeing and merging are O(1) map lookups.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LiveBlock {
     pub size: u64,
@@ -103,6 +104,25 @@ pub struct LiveBlock {
     pub stack: StackId,
     /// Index of the `alloc` event that created it, when that event is in the trace.
     pub alloc_event: Option<u32>,
+    /// Address of the segment holding it.
+    pub segment: u64,
+    prev: Option<u64>,
+    next: Option<u64>,
+}
+
+impl LiveBlock {
+    fn free(size: u64, segment: u64) -> LiveBlock {
+        LiveBlock {
+            size,
+            requested: 0,
+            state: BlockState::Inactive,
+            stack: EMPTY_STACK,
+            alloc_event: None,
+            segment,
+            prev: None,
+            next: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -114,13 +134,13 @@ pub struct SegState {
     /// Unknown for a segment made by the trace until its first allocation says which pool it serves.
     pub kind: Option<PoolKind>,
     pub expandable: bool,
-    pub blocks: BTreeMap<u64, LiveBlock>,
 }
 
 /// Allocator state of one device at one moment.
 #[derive(Clone, Debug, Default)]
 pub struct State {
-    pub segments: BTreeMap<u64, SegState>,
+    pub segments: FxHashMap<u64, SegState>,
+    blocks: FxHashMap<u64, LiveBlock>,
     /// Σ size of blocks held by tensors.
     pub allocated: u64,
     /// Σ size of blocks not free (held, or freed but waiting on another stream).
@@ -140,21 +160,6 @@ impl State {
     pub fn from_segments(segments: &[Segment]) -> State {
         let mut st = State::default();
         for s in segments {
-            let mut blocks = BTreeMap::new();
-            for b in &s.blocks {
-                blocks.insert(
-                    b.address,
-                    LiveBlock {
-                        size: b.size,
-                        requested: b.requested_size.unwrap_or(0),
-                        state: b.state,
-                        stack: b.stack,
-                        alloc_event: None,
-                    },
-                );
-                st.count(b.state, b.size as i128);
-            }
-            st.reserved += s.total_size;
             st.segments.insert(
                 s.address,
                 SegState {
@@ -164,9 +169,30 @@ impl State {
                     pool_id: s.pool_id,
                     kind: Some(s.kind),
                     expandable: s.expandable,
-                    blocks,
                 },
             );
+            st.reserved += s.total_size;
+            let mut prev: Option<u64> = None;
+            for b in &s.blocks {
+                st.blocks.insert(
+                    b.address,
+                    LiveBlock {
+                        size: b.size,
+                        requested: b.requested_size.unwrap_or(0),
+                        state: b.state,
+                        stack: b.stack,
+                        alloc_event: None,
+                        segment: s.address,
+                        prev,
+                        next: None,
+                    },
+                );
+                if let Some(p) = prev {
+                    st.blocks.get_mut(&p).expect("inserted").next = Some(b.address);
+                }
+                prev = Some(b.address);
+                st.count(b.state, b.size as i128);
+            }
         }
         st
     }
@@ -183,29 +209,49 @@ impl State {
         }
     }
 
-    fn segment_at_mut(&mut self, addr: u64) -> Option<&mut SegState> {
-        let (_, seg) = self.segments.range_mut(..=addr).next_back()?;
-        (addr < seg.addr + seg.size).then_some(seg)
+    /// Segments in address order.
+    pub fn segments_sorted(&self) -> Vec<&SegState> {
+        let mut v: Vec<&SegState> = self.segments.values().collect();
+        v.sort_unstable_by_key(|s| s.addr);
+        v
     }
 
-    /// Iterates every free block: `(segment, block address, block)`.
+    /// The blocks of a segment in address order: `(address, block)`.
+    pub fn segment_blocks(&self, seg: u64) -> impl Iterator<Item = (u64, &LiveBlock)> {
+        let mut at = self.blocks.contains_key(&seg).then_some(seg);
+        std::iter::from_fn(move || {
+            let a = at?;
+            let b = self.blocks.get(&a)?;
+            at = b.next;
+            Some((a, b))
+        })
+    }
+
+    fn segment_containing(&self, addr: u64) -> Option<u64> {
+        self.segments
+            .values()
+            .find(|s| s.addr <= addr && addr < s.addr + s.size)
+            .map(|s| s.addr)
+    }
+
+    fn blocks_in_state(
+        &self,
+        state: BlockState,
+    ) -> impl Iterator<Item = (&SegState, u64, &LiveBlock)> {
+        self.blocks
+            .iter()
+            .filter(move |(_, b)| b.state == state)
+            .filter_map(|(a, b)| Some((self.segments.get(&b.segment)?, *a, b)))
+    }
+
+    /// Every free block: `(segment, block address, block)`, in no particular order.
     pub fn free_blocks(&self) -> impl Iterator<Item = (&SegState, u64, &LiveBlock)> {
-        self.segments.values().flat_map(|s| {
-            s.blocks
-                .iter()
-                .filter(|(_, b)| b.state == BlockState::Inactive)
-                .map(move |(a, b)| (s, *a, b))
-        })
+        self.blocks_in_state(BlockState::Inactive)
     }
 
-    /// Every block held by a tensor: `(segment, block address, block)`.
+    /// Every block held by a tensor: `(segment, block address, block)`, in no particular order.
     pub fn allocated_blocks(&self) -> impl Iterator<Item = (&SegState, u64, &LiveBlock)> {
-        self.segments.values().flat_map(|s| {
-            s.blocks
-                .iter()
-                .filter(|(_, b)| b.state == BlockState::ActiveAllocated)
-                .map(move |(a, b)| (s, *a, b))
-        })
+        self.blocks_in_state(BlockState::ActiveAllocated)
     }
 
     pub fn largest_free_block(&self) -> u64 {
@@ -216,7 +262,7 @@ impl State {
     }
 
     pub fn block_count(&self) -> usize {
-        self.segments.values().map(|s| s.blocks.len()).sum()
+        self.blocks.len()
     }
 
     /// Applies one event going forward in time.
@@ -225,7 +271,8 @@ impl State {
             Action::Alloc => self.alloc(e, idx, rules),
             Action::FreeRequested => {
                 let b = self
-                    .block_mut(e.addr)
+                    .blocks
+                    .get_mut(&e.addr)
                     .ok_or("free_requested of an address holding no block")?;
                 if b.state != BlockState::ActiveAllocated {
                     return Err("free_requested of a block that is not allocated");
@@ -237,13 +284,16 @@ impl State {
             }
             Action::FreeCompleted => {
                 let b = self
-                    .block_mut(e.addr)
+                    .blocks
+                    .get_mut(&e.addr)
                     .ok_or("free_completed of an address holding no block")?;
                 let (state, size) = (b.state, b.size);
                 if state == BlockState::Inactive {
                     return Err("free_completed of a block already free");
                 }
                 b.state = BlockState::Inactive;
+                b.stack = EMPTY_STACK;
+                b.alloc_event = None;
                 self.count(state, -(size as i128));
                 self.merge_free(e.addr);
                 Ok(())
@@ -261,20 +311,24 @@ impl State {
         match e.action {
             Action::Alloc => {
                 let b = self
-                    .block_mut(e.addr)
+                    .blocks
+                    .get_mut(&e.addr)
                     .ok_or("alloc (undone) of an address holding no block")?;
                 let (state, size) = (b.state, b.size);
                 if state == BlockState::Inactive {
                     return Err("alloc (undone) of a free block");
                 }
                 b.state = BlockState::Inactive;
+                b.stack = EMPTY_STACK;
+                b.alloc_event = None;
                 self.count(state, -(size as i128));
                 self.merge_free(e.addr);
                 Ok(())
             }
             Action::FreeRequested => {
                 let b = self
-                    .block_mut(e.addr)
+                    .blocks
+                    .get_mut(&e.addr)
                     .ok_or("free_requested (undone) of an address holding no block")?;
                 if b.state != BlockState::ActivePendingFree {
                     return Err("free_requested (undone) of a block not pending");
@@ -293,47 +347,55 @@ impl State {
         }
     }
 
-    fn block_mut(&mut self, addr: u64) -> Option<&mut LiveBlock> {
-        self.segment_at_mut(addr)?.blocks.get_mut(&addr)
+    /// Splits the block at `addr` so that it keeps `size` bytes; the rest becomes a new block after it, in the
+    /// state `rest_state`.
+    fn split(&mut self, addr: u64, size: u64) {
+        let b = self.blocks.get_mut(&addr).expect("caller checked");
+        let rest_addr = addr + size;
+        let mut rest = LiveBlock::free(b.size - size, b.segment);
+        rest.prev = Some(addr);
+        rest.next = b.next;
+        b.size = size;
+        b.next = Some(rest_addr);
+        if let Some(n) = rest.next {
+            if let Some(nb) = self.blocks.get_mut(&n) {
+                nb.prev = Some(rest_addr);
+            }
+        }
+        self.blocks.insert(rest_addr, rest);
     }
 
     fn alloc(&mut self, e: &Event, idx: u32, rules: &Rules) -> Result<(), &'static str> {
         let rounded = rules.round(e.size);
+        let b = self
+            .blocks
+            .get(&e.addr)
+            .ok_or("alloc not at the start of a block")?;
+        if b.state != BlockState::Inactive {
+            return Err("alloc of a block that is in use");
+        }
+        let (size, seg_addr) = (b.size, b.segment);
         let seg = self
-            .segment_at_mut(e.addr)
-            .ok_or("alloc outside every known segment")?;
+            .segments
+            .get_mut(&seg_addr)
+            .ok_or("alloc in a block without a segment")?;
         let kind = *seg.kind.get_or_insert(if rounded <= SMALL_SIZE {
             PoolKind::Small
         } else {
             PoolKind::Large
         });
-        let b = seg
-            .blocks
-            .get_mut(&e.addr)
-            .ok_or("alloc not at the start of a block")?;
-        if b.state != BlockState::Inactive {
-            return Err("alloc of a block that is in use");
+        let mut taken = size;
+        if rounded < size && rules.should_split(kind, rounded, size - rounded) {
+            self.split(e.addr, rounded);
+            taken = rounded;
         }
-        let mut size = b.size;
-        if rounded < b.size && rules.should_split(kind, rounded, b.size - rounded) {
-            size = rounded;
-            let rest = LiveBlock {
-                size: b.size - rounded,
-                requested: 0,
-                state: BlockState::Inactive,
-                stack: EMPTY_STACK,
-                alloc_event: None,
-            };
-            b.size = rounded;
-            seg.blocks.insert(e.addr + rounded, rest);
-        }
-        let b = seg.blocks.get_mut(&e.addr).expect("present");
+        let b = self.blocks.get_mut(&e.addr).expect("present");
         b.state = BlockState::ActiveAllocated;
         b.requested = e.size;
         b.stack = e.stack;
         b.alloc_event = Some(idx);
-        self.count(BlockState::ActiveAllocated, size as i128);
-        if rounded > size {
+        self.count(BlockState::ActiveAllocated, taken as i128);
+        if rounded > taken {
             return Err("alloc larger than the free block it landed in");
         }
         Ok(())
@@ -341,96 +403,74 @@ impl State {
 
     /// Going backward over a `free_completed`: the block existed (pending) before; cut it out of free space.
     fn carve(&mut self, e: &Event, rules: &Rules) -> Result<(), &'static str> {
-        let seg = self
-            .segment_at_mut(e.addr)
-            .ok_or("free_completed (undone) outside every known segment")?;
-        let (&start, free) = seg
-            .blocks
-            .range(..=e.addr)
-            .next_back()
-            .ok_or("free_completed (undone) before the first block")?;
-        if free.state != BlockState::Inactive || start + free.size <= e.addr {
+        let seg_addr = self
+            .segment_containing(e.addr)
+            .ok_or("free_completed (undone) outside every segment")?;
+        let (start, free) = self
+            .segment_blocks(seg_addr)
+            .find(|(a, b)| *a <= e.addr && e.addr < a + b.size)
+            .map(|(a, b)| (a, b.clone()))
+            .ok_or("free_completed (undone) in a hole of its segment")?;
+        if free.state != BlockState::Inactive {
             return Err("free_completed (undone) of memory that is in use");
         }
         let end = start + free.size;
-        let kind = seg.kind.unwrap_or(if e.size <= SMALL_SIZE {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        });
-        let rounded = rules.round(e.size);
-        let mut size = rounded.min(end - e.addr);
+        let kind = self.segments[&seg_addr]
+            .kind
+            .unwrap_or(if e.size <= SMALL_SIZE {
+                PoolKind::Small
+            } else {
+                PoolKind::Large
+            });
+        let mut size = rules.round(e.size).min(end - e.addr);
         if !rules.should_split(kind, size, end - e.addr - size) {
             size = end - e.addr;
         }
-        seg.blocks.remove(&start);
         if start < e.addr {
-            let head = LiveBlock {
-                size: e.addr - start,
-                requested: 0,
-                state: BlockState::Inactive,
-                stack: EMPTY_STACK,
-                alloc_event: None,
-            };
-            seg.blocks.insert(start, head);
+            self.split(start, e.addr - start);
         }
-        let block = LiveBlock {
-            size,
-            requested: e.size,
-            state: BlockState::ActivePendingFree,
-            stack: EMPTY_STACK,
-            alloc_event: None,
-        };
-        seg.blocks.insert(e.addr, block);
         if e.addr + size < end {
-            let tail = LiveBlock {
-                size: end - e.addr - size,
-                requested: 0,
-                state: BlockState::Inactive,
-                stack: EMPTY_STACK,
-                alloc_event: None,
-            };
-            seg.blocks.insert(e.addr + size, tail);
+            self.split(e.addr, size);
         }
+        // Allocated before the trace began: who allocated it is unknown (a free's frames are the free site's).
+        let b = self.blocks.get_mut(&e.addr).expect("split above");
+        b.requested = e.size;
+        b.state = BlockState::ActivePendingFree;
+        b.stack = EMPTY_STACK;
+        b.alloc_event = None;
         self.count(BlockState::ActivePendingFree, size as i128);
         Ok(())
     }
 
+    /// Merges the free block at `addr` with free neighbours.
     fn merge_free(&mut self, addr: u64) {
-        let Some(seg) = self.segment_at_mut(addr) else {
-            return;
-        };
         let mut start = addr;
-        if let Some((&p, prev)) = seg.blocks.range(..addr).next_back() {
-            if prev.state == BlockState::Inactive && p + prev.size == addr {
+        if let Some(p) = self.blocks[&addr].prev {
+            if self.blocks[&p].state == BlockState::Inactive {
+                self.absorb_next(p);
                 start = p;
             }
         }
-        // Fold every free block from `start` onward that touches the previous one.
-        let mut total = 0u64;
-        let mut cursor = start;
-        let mut absorbed = Vec::new();
-        for (&a, b) in seg.blocks.range(start..) {
-            if a != cursor || b.state != BlockState::Inactive {
-                break;
+        if let Some(n) = self.blocks[&start].next {
+            if self.blocks[&n].state == BlockState::Inactive {
+                self.absorb_next(start);
             }
-            total += b.size;
-            cursor = a + b.size;
-            absorbed.push(a);
         }
-        if absorbed.len() > 1 {
-            let requested = seg.blocks[&addr].requested;
-            for a in &absorbed {
-                seg.blocks.remove(a);
+    }
+
+    /// Joins the block after `addr` into it.
+    fn absorb_next(&mut self, addr: u64) {
+        let n = self.blocks[&addr].next.expect("caller checked");
+        let nb = self.blocks.remove(&n).expect("linked");
+        let b = self.blocks.get_mut(&addr).expect("present");
+        b.size += nb.size;
+        b.next = nb.next;
+        b.stack = EMPTY_STACK;
+        b.alloc_event = None;
+        if let Some(nn) = nb.next {
+            if let Some(x) = self.blocks.get_mut(&nn) {
+                x.prev = Some(addr);
             }
-            let merged = LiveBlock {
-                size: total,
-                requested,
-                state: BlockState::Inactive,
-                stack: EMPTY_STACK,
-                alloc_event: None,
-            };
-            seg.blocks.insert(start, merged);
         }
     }
 
@@ -442,20 +482,9 @@ impl State {
         pool_id: Option<(i64, i64)>,
         expandable: bool,
     ) -> Result<(), &'static str> {
-        if self.segment_at_mut(addr).is_some() {
+        if self.segments.contains_key(&addr) || self.segment_containing(addr).is_some() {
             return Err("segment allocated over an existing segment");
         }
-        let mut blocks = BTreeMap::new();
-        blocks.insert(
-            addr,
-            LiveBlock {
-                size,
-                requested: 0,
-                state: BlockState::Inactive,
-                stack: EMPTY_STACK,
-                alloc_event: None,
-            },
-        );
         let kind = (!expandable && size == SMALL_BUFFER).then_some(PoolKind::Small);
         self.segments.insert(
             addr,
@@ -466,9 +495,9 @@ impl State {
                 pool_id: pool_id.unwrap_or((0, 0)),
                 kind,
                 expandable,
-                blocks,
             },
         );
+        self.blocks.insert(addr, LiveBlock::free(size, addr));
         self.reserved += size;
         Ok(())
     }
@@ -480,16 +509,46 @@ impl State {
             .ok_or("segment_free of an address that starts no segment")?;
         self.reserved -= seg.size.min(self.reserved);
         let mut busy = false;
-        for b in seg.blocks.values() {
+        let mut at = Some(addr);
+        while let Some(a) = at {
+            let Some(b) = self.blocks.remove(&a) else {
+                break;
+            };
             if b.state != BlockState::Inactive {
                 busy = true;
                 self.count(b.state, -(b.size as i128));
             }
+            at = b.next;
         }
         if busy {
             return Err("segment released while blocks in it were in use");
         }
         Ok(())
+    }
+
+    /// Blocks of a segment, removed from the map, in address order.
+    fn take_blocks(&mut self, seg: u64) -> Vec<(u64, LiveBlock)> {
+        let mut out = Vec::new();
+        let mut at = Some(seg);
+        while let Some(a) = at {
+            let Some(b) = self.blocks.remove(&a) else {
+                break;
+            };
+            at = b.next;
+            out.push((a, b));
+        }
+        out
+    }
+
+    /// Inserts blocks (address order) as the block list of segment `seg`, relinking them.
+    fn put_blocks(&mut self, seg: u64, blocks: Vec<(u64, LiveBlock)>) {
+        let addrs: Vec<u64> = blocks.iter().map(|(a, _)| *a).collect();
+        for (i, (a, mut b)) in blocks.into_iter().enumerate() {
+            b.segment = seg;
+            b.prev = (i > 0).then(|| addrs[i - 1]);
+            b.next = addrs.get(i + 1).copied();
+            self.blocks.insert(a, b);
+        }
     }
 
     /// An expandable segment grows: the new pages join the segment that ends (or starts) where they start (end).
@@ -503,55 +562,41 @@ impl State {
         let end = addr + size;
         let before = self
             .segments
-            .range(..addr)
-            .next_back()
-            .filter(|(_, s)| s.expandable && s.addr + s.size == addr);
-        let before = before.map(|(&a, _)| a);
+            .values()
+            .find(|s| s.expandable && s.addr + s.size == addr)
+            .map(|s| s.addr);
         let after = self
             .segments
             .get(&end)
             .filter(|s| s.expandable)
             .map(|s| s.addr);
         self.reserved += size;
-        let free = LiveBlock {
-            size,
-            requested: 0,
-            state: BlockState::Inactive,
-            stack: EMPTY_STACK,
-            alloc_event: None,
+        let base = before.unwrap_or(addr);
+        let mut blocks = match before {
+            Some(b) => self.take_blocks(b),
+            None => Vec::new(),
         };
-        let base = match before {
-            Some(b) => {
-                let seg = self.segments.get_mut(&b).expect("found above");
-                seg.size += size;
-                seg.blocks.insert(addr, free);
-                b
-            }
-            None => {
-                let mut blocks = BTreeMap::new();
-                blocks.insert(addr, free);
-                let seg = SegState {
-                    addr,
-                    size,
-                    stream,
-                    pool_id: pool_id.unwrap_or((0, 0)),
-                    kind: None,
-                    expandable: true,
-                    blocks,
-                };
-                self.segments.insert(addr, seg);
-                addr
-            }
+        blocks.push((addr, LiveBlock::free(size, base)));
+        let mut seg = match before {
+            Some(b) => self.segments.remove(&b).expect("found above"),
+            None => SegState {
+                addr,
+                size: 0,
+                stream,
+                pool_id: pool_id.unwrap_or((0, 0)),
+                kind: None,
+                expandable: true,
+            },
         };
+        seg.size += size;
         if let Some(a) = after {
             let next = self.segments.remove(&a).expect("found above");
-            let seg = self.segments.get_mut(&base).expect("present");
             seg.size += next.size;
-            seg.blocks.extend(next.blocks);
-            if seg.kind.is_none() {
-                seg.kind = next.kind;
-            }
+            seg.kind = seg.kind.or(next.kind);
+            blocks.extend(self.take_blocks(a));
         }
+        self.segments.insert(base, seg);
+        self.put_blocks(base, blocks);
         self.merge_free(addr);
         Ok(())
     }
@@ -560,45 +605,44 @@ impl State {
     fn unmap(&mut self, addr: u64, size: u64) -> Result<(), &'static str> {
         let end = addr + size;
         let seg_addr = self
-            .segment_at_mut(addr)
-            .map(|s| s.addr)
+            .segment_containing(addr)
             .ok_or("segment_unmap outside every segment")?;
-        let mut seg = self.segments.remove(&seg_addr).expect("found above");
+        let seg = self.segments[&seg_addr].clone();
         if end > seg.addr + seg.size {
-            self.segments.insert(seg_addr, seg);
             return Err("segment_unmap past the end of its segment");
         }
-        let mut left = BTreeMap::new();
-        let mut right = BTreeMap::new();
+        self.segments.remove(&seg_addr);
+        let mut left = Vec::new();
+        let mut right = Vec::new();
         let mut busy = false;
-        for (a, b) in std::mem::take(&mut seg.blocks) {
+        for (a, b) in self.take_blocks(seg_addr) {
             let b_end = a + b.size;
             if b_end <= addr {
-                left.insert(a, b);
+                left.push((a, b));
             } else if a >= end {
-                right.insert(a, b);
+                right.push((a, b));
             } else {
                 if b.state != BlockState::Inactive {
                     busy = true;
                     self.count(b.state, -(b.size as i128));
                 }
                 if a < addr {
-                    left.insert(
+                    left.push((
                         a,
                         LiveBlock {
                             size: addr - a,
                             ..b.clone()
                         },
-                    );
+                    ));
                 }
                 if b_end > end {
-                    right.insert(
+                    right.push((
                         end,
                         LiveBlock {
                             size: b_end - end,
                             ..b
                         },
-                    );
+                    ));
                 }
             }
         }
@@ -609,10 +653,10 @@ impl State {
                 seg.addr,
                 SegState {
                     size: addr - seg.addr,
-                    blocks: left,
                     ..seg.clone()
                 },
             );
+            self.put_blocks(seg.addr, left);
         }
         if seg_end > end {
             self.segments.insert(
@@ -620,10 +664,10 @@ impl State {
                 SegState {
                     addr: end,
                     size: seg_end - end,
-                    blocks: right,
                     ..seg
                 },
             );
+            self.put_blocks(end, right);
         }
         if busy {
             return Err("segment_unmap of pages that were in use");
@@ -636,8 +680,9 @@ impl State {
         let mut n = 0usize;
         let mut first = None;
         let theirs: BTreeMap<u64, &Segment> = segments.iter().map(|s| (s.address, s)).collect();
-        for (a, s) in &self.segments {
-            match theirs.get(a) {
+        for s in self.segments_sorted() {
+            let a = s.addr;
+            match theirs.get(&a) {
                 None => {
                     n += 1;
                     first.get_or_insert_with(|| {
@@ -655,10 +700,9 @@ impl State {
                         });
                         continue;
                     }
-                    let ours: Vec<(u64, u64, BlockState)> = s
-                        .blocks
-                        .iter()
-                        .map(|(a, b)| (*a, b.size, b.state))
+                    let ours: Vec<(u64, u64, BlockState)> = self
+                        .segment_blocks(a)
+                        .map(|(a, b)| (a, b.size, b.state))
                         .collect();
                     let file: Vec<(u64, u64, BlockState)> = t
                         .blocks
@@ -895,14 +939,12 @@ impl<'t> Replay<'t> {
                 last_alloc.insert(e.addr, i as u32);
             }
         }
-        for seg in st.segments.values_mut() {
-            for (a, b) in seg.blocks.iter_mut() {
-                if b.state != BlockState::Inactive {
-                    b.alloc_event = last_alloc.get(a).copied();
-                    if b.stack == EMPTY_STACK {
-                        if let Some(&i) = last_alloc.get(a) {
-                            b.stack = self.dev.events[i as usize].stack;
-                        }
+        for (a, b) in st.blocks.iter_mut() {
+            if b.state != BlockState::Inactive {
+                b.alloc_event = last_alloc.get(a).copied();
+                if b.stack == EMPTY_STACK {
+                    if let Some(&i) = last_alloc.get(a) {
+                        b.stack = self.dev.events[i as usize].stack;
                     }
                 }
             }
