@@ -6,6 +6,7 @@
 pub mod analysis;
 pub mod ingest;
 pub mod report;
+pub mod rules;
 pub mod timeline;
 pub mod units;
 
@@ -13,10 +14,7 @@ pub mod units;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
     #[error("{path}: {message}")]
     Input { path: String, message: String },
     #[error("{0}")]

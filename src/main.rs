@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use oomdoc::analysis::{self, At, Options};
 use oomdoc::report::{self, Format};
+use oomdoc::rules::{RuleSet, Severity};
 use oomdoc::Error;
 
 #[derive(Parser)]
@@ -18,12 +19,13 @@ use oomdoc::Error;
     long_about = "Tells you why your GPU job ran out of memory, and what to change.\n\n\
         Give it what the failed job left behind. Today that is the PyTorch memory snapshot written by\n\
         torch.cuda.memory._dump_snapshot(); oomdoc reads every version (torch 1.13 to 2.15) without\n\
-        executing the pickle.\n\n\
+        executing the pickle, rebuilds the allocator's state at the OOM, and runs the OOM checklist\n\
+        (see `oomdoc rules`).\n\n\
         Capture one with:\n    \
         torch.cuda.memory._record_memory_history(max_entries=100000)\n    \
         ... run the failing step ...\n    \
         torch.cuda.memory._dump_snapshot(\"mem_snapshot.pickle\")",
-    after_help = "Exit codes: 0 ok, 2 bad input or usage (one line on stderr)."
+    after_help = "Exit codes: 0 ok, 1 findings at or above --fail-on, 2 bad input or usage (one line on stderr)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -32,16 +34,24 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Rebuild the allocator's state at the OOM (or the peak) and say what held the memory.
+    /// Rebuild the allocator's state at the OOM (or the peak), say what held the memory, and why it ran out.
     #[command(after_help = "Examples:\n  oomdoc analyze mem_snapshot.pickle\n  \
         oomdoc analyze mem_snapshot.pickle --at peak --top 20\n  \
+        oomdoc analyze mem_snapshot.pickle --gpu-memory 80GiB\n  \
         oomdoc analyze mem_snapshot.pickle --format markdown -o incident.md\n  \
-        oomdoc analyze mem_snapshot.pickle --format json | jq '.devices[0].oom'")]
+        oomdoc analyze mem_snapshot.pickle --format json | jq '.findings'\n  \
+        oomdoc analyze mem_snapshot.pickle --fail-on warning   # exit 1 if anything was found")]
     Analyze(AnalyzeArgs),
+    /// Print every fact the rules can test, with its value (the way to debug a rule).
+    Facts(FactsArgs),
+    /// List the rules in force.
+    Rules(RulesArgs),
+    /// Explain what a rule checks, why, and what it suggests.
+    Explain(ExplainArgs),
 }
 
 #[derive(clap::Args)]
-struct AnalyzeArgs {
+struct InputArgs {
     /// Snapshot pickles (torch.cuda.memory._dump_snapshot).
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -52,6 +62,22 @@ struct AnalyzeArgs {
     /// Default: the last OOM if there is one, else the peak.
     #[arg(long, value_name = "WHEN", default_value = "auto")]
     at: At,
+    /// The GPU's total memory (e.g. 80GiB, 40GB, 81559347200): lets oomdoc size memory outside PyTorch at an OOM.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    gpu_memory: Option<u64>,
+    /// A folder of rule files (*.toml) that add to or override the built-in ones; a categories.toml there adds
+    /// category patterns.
+    #[arg(long, value_name = "DIR")]
+    rules: Option<PathBuf>,
+    /// No progress bar, even on a terminal.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(clap::Args)]
+struct AnalyzeArgs {
+    #[command(flatten)]
+    input: InputArgs,
     /// How many live allocations and stacks to list.
     #[arg(long, value_name = "N", default_value_t = 10)]
     top: usize,
@@ -64,9 +90,54 @@ struct AnalyzeArgs {
     /// Colour: auto (on a terminal, unless NO_COLOR is set), always, never.
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
     color: String,
-    /// No progress bar, even on a terminal.
+    /// Exit with code 1 when a finding of this severity or worse is raised.
+    #[arg(long, value_name = "SEVERITY", value_parser = ["info", "warning", "error"])]
+    fail_on: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct FactsArgs {
+    #[command(flatten)]
+    input: InputArgs,
+    /// Print as JSON instead of a table.
     #[arg(long)]
-    no_progress: bool,
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct RulesArgs {
+    /// Also load rules from this folder.
+    #[arg(long, value_name = "DIR")]
+    rules: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct ExplainArgs {
+    /// The rule id (see `oomdoc rules`).
+    rule: String,
+    /// Also load rules from this folder.
+    #[arg(long, value_name = "DIR")]
+    rules: Option<PathBuf>,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a size such as 80GiB, 40GB or 85899345920"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" | "k" => 1024.0,
+        "mib" | "m" => 1024.0 * 1024.0,
+        "gib" | "g" => 1024.0 * 1024.0 * 1024.0,
+        "tib" | "t" => 1024.0f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => return Err(format!("{s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, KB, MB, GB)")),
+    };
+    Ok((n * scale) as u64)
 }
 
 fn main() -> ExitCode {
@@ -95,40 +166,129 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Command::Analyze(args) => analyze(args),
+        Command::Facts(args) => facts(args),
+        Command::Rules(args) => {
+            let rules = load_rules(args.rules.as_ref())?;
+            let mut out = String::new();
+            for r in &rules.rules {
+                let sev: Vec<&str> = r.cases.iter().map(|c| c.severity.name()).collect();
+                out.push_str(&format!("{:<20} {:<16} {}\n", r.id, sev.join("/"), r.title));
+            }
+            out.push_str("\n`oomdoc explain RULE` says what a rule checks and why.\n");
+            write_out(None, &out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Explain(args) => {
+            let rules = load_rules(args.rules.as_ref())?;
+            let r = rules.get(&args.rule).ok_or_else(|| {
+                let ids: Vec<&str> = rules.rules.iter().map(|r| r.id.as_str()).collect();
+                Error::Usage(format!("no rule {:?}; the rules are: {}", args.rule, ids.join(", ")))
+            })?;
+            let mut out = format!("{} — {}\n\n{}\n", r.id, r.title, r.explain.trim());
+            for c in &r.cases {
+                out.push_str(&format!(
+                    "\n{} when:\n  {}\nfix:\n  {}\n",
+                    c.severity.name(),
+                    c.when_src.split_whitespace().collect::<Vec<_>>().join(" "),
+                    c.fix
+                ));
+            }
+            if !r.references.is_empty() {
+                out.push_str("\nReferences:\n");
+                for link in &r.references {
+                    out.push_str(&format!("  {link}\n"));
+                }
+            }
+            out.push_str(&format!("\nDefined in {}.\n", r.source));
+            write_out(None, &out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn load_rules(dir: Option<&PathBuf>) -> Result<RuleSet, Error> {
+    let mut rules = RuleSet::builtin();
+    if let Some(d) = dir {
+        rules.extend_from_dir(d)?;
+    }
+    Ok(rules)
+}
+
+fn load_categories(dir: Option<&PathBuf>) -> Result<analysis::categories::Categorizer, Error> {
+    let mut sources = vec![("rules/categories.toml".to_string(), oomdoc::rules::builtin_categories().to_string())];
+    if let Some(d) = dir {
+        let p = d.join("categories.toml");
+        if p.exists() {
+            let text =
+                std::fs::read_to_string(&p).map_err(|e| Error::Io { path: p.display().to_string(), source: e })?;
+            sources.push((p.display().to_string(), text));
+        }
+    }
+    let refs: Vec<(&str, &str)> = sources.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    analysis::categories::Categorizer::new(&refs).map_err(Error::Usage)
+}
+
+/// Reads every input and analyses it, handing each (timeline, analysis) to `each`.
+fn for_each_input(
+    input: &InputArgs,
+    top: usize,
+    mut each: impl FnMut(&oomdoc::timeline::Timeline, analysis::Analysis) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let opts = Options { at: input.at.clone(), top, device: input.device, gpu_memory: input.gpu_memory };
+    let rules = load_rules(input.rules.as_ref())?;
+    let cats = load_categories(input.rules.as_ref())?;
+    let timing = std::env::var_os("OOMDOC_TIMING").is_some();
+    for path in &input.files {
+        let t0 = std::time::Instant::now();
+        let tl = oomdoc::ingest::load(path, !input.no_progress)?;
+        if timing {
+            eprintln!("oomdoc: read {} in {:.3} s", path.display(), t0.elapsed().as_secs_f64());
+        }
+        let t1 = std::time::Instant::now();
+        let mut a =
+            analysis::analyze(&tl, &opts, &cats).map_err(|m| Error::Usage(format!("{}: {m}", path.display())))?;
+        for d in &a.devices {
+            a.findings.extend(rules.evaluate(d.device, &d.facts));
+        }
+        oomdoc::rules::sort_findings(&mut a.findings);
+        if timing {
+            eprintln!("oomdoc: analysed in {:.3} s", t1.elapsed().as_secs_f64());
+        }
+        each(&tl, a)?;
+        // Freeing millions of small records takes longer than the process exit that reclaims them anyway.
+        std::mem::forget(tl);
+    }
+    Ok(())
+}
+
+fn write_out(path: Option<&PathBuf>, text: &str) -> Result<(), Error> {
+    match path {
+        Some(p) => std::fs::write(p, text).map_err(|source| Error::Io { path: p.display().to_string(), source }),
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(text.as_bytes())
+                .and_then(|_| stdout.flush())
+                .map_err(|source| Error::Io { path: "<stdout>".into(), source })
+        }
     }
 }
 
 fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
-    let opts = Options {
-        at: args.at.clone(),
-        top: args.top,
-        device: args.device,
-    };
     let to_terminal = args.output.is_none() && std::io::stdout().is_terminal();
     let color = match args.color.as_str() {
         "always" => true,
         "never" => false,
         _ => to_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
     };
+    let fail_on = args.fail_on.as_deref().and_then(Severity::parse);
     let mut out = String::new();
     let mut combined: Option<analysis::Analysis> = None;
-    for path in &args.files {
-        let timing = std::env::var_os("OOMDOC_TIMING").is_some();
-        let t0 = std::time::Instant::now();
-        let tl = oomdoc::ingest::load(path, !args.no_progress)?;
-        if timing {
-            eprintln!(
-                "oomdoc: read {} in {:.3} s",
-                path.display(),
-                t0.elapsed().as_secs_f64()
-            );
+    let mut worst: Option<Severity> = None;
+    for_each_input(&args.input, args.top, |tl, a| {
+        for f in &a.findings {
+            worst = worst.max(Severity::parse(&f.severity));
         }
-        let t1 = std::time::Instant::now();
-        let a = analysis::analyze(&tl, &opts);
-        if timing {
-            eprintln!("oomdoc: analysed in {:.3} s", t1.elapsed().as_secs_f64());
-        }
-        let a = a.map_err(|m| Error::Usage(format!("{}: {m}", path.display())))?;
         match args.format {
             Format::Json => match &mut combined {
                 None => combined = Some(a),
@@ -142,30 +302,43 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
                 if !out.is_empty() {
                     out.push('\n');
                 }
-                out.push_str(&report::render(f, &a, &tl, color));
+                out.push_str(&report::render(f, &a, tl, color));
             }
         }
-        // Freeing millions of small records takes longer than the process exit that reclaims them anyway.
-        std::mem::forget(tl);
-    }
+        Ok(())
+    })?;
     if let Some(c) = combined {
         out = serde_json::to_string_pretty(&c).expect("serialises") + "\n";
     }
-    match &args.output {
-        Some(p) => std::fs::write(p, out).map_err(|source| Error::Io {
-            path: p.display().to_string(),
-            source,
-        })?,
-        None => {
-            let mut stdout = std::io::stdout().lock();
-            stdout
-                .write_all(out.as_bytes())
-                .and_then(|_| stdout.flush())
-                .map_err(|source| Error::Io {
-                    path: "<stdout>".into(),
-                    source,
-                })?;
+    write_out(args.output.as_ref(), &out)?;
+    let failed = matches!((fail_on, worst), (Some(f), Some(w)) if w >= f);
+    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+fn facts(args: FactsArgs) -> Result<ExitCode, Error> {
+    let mut out = String::new();
+    let mut json = serde_json::Map::new();
+    for_each_input(&args.input, 10, |_, a| {
+        for d in &a.devices {
+            let key = format!("{}#{}", a.inputs.last().map_or("", |i| i.path.as_str()), d.device);
+            if args.json {
+                let mut m = serde_json::Map::new();
+                for (name, f) in d.facts.iter() {
+                    m.insert(name.clone(), serde_json::Value::String(f.display("")));
+                }
+                json.insert(key, serde_json::Value::Object(m));
+                continue;
+            }
+            out.push_str(&format!("{key}\n"));
+            for (name, f) in d.facts.iter() {
+                out.push_str(&format!("  {:<40} {:<24} {}\n", name, f.display(""), f.doc));
+            }
         }
+        Ok(())
+    })?;
+    if args.json {
+        out = serde_json::to_string_pretty(&json).expect("json") + "\n";
     }
+    write_out(None, &out)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -25,10 +25,7 @@ pub fn bytes(n: u64) -> String {
 /// Formats a signed byte difference: `+1.5 GiB`, `-512 B`.
 pub fn signed_bytes(n: i128) -> String {
     let sign = if n < 0 { "-" } else { "+" };
-    format!(
-        "{sign}{}",
-        bytes(n.unsigned_abs().min(u64::MAX as u128) as u64)
-    )
+    format!("{sign}{}", bytes(n.unsigned_abs().min(u64::MAX as u128) as u64))
 }
 
 /// Formats microseconds as a human duration: `850 µs`, `12.3 ms`, `4.56 s`, `3 min 20 s`.

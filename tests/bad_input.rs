@@ -12,14 +12,8 @@ fn error_for(name: &str, bytes: &[u8]) -> String {
     assert_eq!(o.status.code(), Some(2), "{name}: exit code; stderr: {err}");
     assert!(o.stdout.is_empty(), "{name}: printed a report");
     assert_eq!(err.lines().count(), 1, "{name}: not one line: {err}");
-    assert!(
-        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
-        "{name}: {err}"
-    );
-    assert!(
-        err.starts_with("oomdoc: error: ") && err.contains(f.path()),
-        "{name}: names the file: {err}"
-    );
+    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "{name}: {err}");
+    assert!(err.starts_with("oomdoc: error: ") && err.contains(f.path()), "{name}: names the file: {err}");
     err
 }
 
@@ -30,31 +24,16 @@ fn empty_file() {
 
 #[test]
 fn not_a_pickle() {
-    let e = error_for(
-        "log.txt",
-        b"Traceback (most recent call last):\n  File \"train.py\"\n",
-    );
+    let e = error_for("log.txt", b"Traceback (most recent call last):\n  File \"train.py\"\n");
     assert!(e.contains("byte 0") && e.contains("0x54"), "{e}");
 }
 
 #[test]
 fn truncated_at_many_offsets() {
     let full = common::read("fixtures/real/mlsys-linear-t24.pickle");
-    for cut in [
-        1,
-        2,
-        3,
-        100,
-        full.len() / 3,
-        full.len() / 2,
-        full.len() - 2,
-        full.len() - 1,
-    ] {
+    for cut in [1, 2, 3, 100, full.len() / 3, full.len() / 2, full.len() - 2, full.len() - 1] {
         let e = error_for(&format!("cut{cut}.pickle"), &full[..cut]);
-        assert!(
-            e.contains("truncated") || e.contains("byte"),
-            "cut at {cut}: {e}"
-        );
+        assert!(e.contains("truncated") || e.contains("byte"), "cut at {cut}: {e}");
     }
 }
 
@@ -68,10 +47,7 @@ fn global_reduce_calling_os_system_is_refused() {
     p.extend_from_slice(cmd.as_bytes());
     p.extend_from_slice(b"q\x01\x85q\x02Rq\x03.");
     let e = error_for("os_system.pickle", &p);
-    assert!(
-        e.contains("GLOBAL") && e.contains("byte 2") && e.contains("never executes"),
-        "{e}"
-    );
+    assert!(e.contains("GLOBAL") && e.contains("byte 2") && e.contains("never executes"), "{e}");
     assert!(!marker.exists(), "the pickle's command ran");
 }
 
@@ -85,14 +61,9 @@ fn stack_global_is_refused() {
 
 #[test]
 fn other_object_opcodes_are_refused_by_name() {
-    for (name, op) in [
-        ("BUILD", b'b'),
-        ("INST", b'i'),
-        ("OBJ", b'o'),
-        ("NEWOBJ", 0x81),
-        ("PERSID", b'P'),
-        ("EXT1", 0x82),
-    ] {
+    for (name, op) in
+        [("BUILD", b'b'), ("INST", b'i'), ("OBJ", b'o'), ("NEWOBJ", 0x81), ("PERSID", b'P'), ("EXT1", 0x82)]
+    {
         let e = error_for(&format!("{name}.pickle"), &[0x80, 4, b'N', op, b'.']);
         assert!(e.contains(name) && e.contains("byte 3"), "{name}: {e}");
     }
@@ -121,9 +92,7 @@ fn memo_bomb_stays_small() {
 
 #[test]
 fn huge_memo_index_costs_nothing() {
-    let p = [
-        0x80, 4, b'K', 7, b'r', 0xf0, 0xff, 0xff, 0xff, b'0', b'j', 0xf0, 0xff, 0xff, 0xff, b'.',
-    ];
+    let p = [0x80, 4, b'K', 7, b'r', 0xf0, 0xff, 0xff, 0xff, b'0', b'j', 0xf0, 0xff, 0xff, 0xff, b'.'];
     let e = error_for("memo_index.pickle", &p);
     assert!(e.contains("holds an int"), "{e}");
 }
@@ -143,10 +112,7 @@ fn well_formed_pickle_of_the_wrong_shape() {
     // {"hello": [1, 2, 3]}
     let p = b"\x80\x04\x95\x14\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x05hello\x94]\x94(K\x01K\x02K\x03es.";
     let e = error_for("wrong_shape.pickle", p);
-    assert!(
-        e.contains("not a PyTorch memory snapshot") && e.contains("'hello'"),
-        "{e}"
-    );
+    assert!(e.contains("not a PyTorch memory snapshot") && e.contains("'hello'"), "{e}");
     // [1, 2, 3]
     let e = error_for("wrong_list.pickle", b"\x80\x04]\x94(K\x01K\x02K\x03e.");
     assert!(e.contains("first item is an int"), "{e}");
@@ -155,12 +121,10 @@ fn well_formed_pickle_of_the_wrong_shape() {
 #[test]
 fn a_field_of_the_wrong_type_names_where() {
     // {"segments": [], "device_traces": [[{"action": "alloc", "addr": "x"}]]}
-    let p = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]](}(\x8c\x06action\x8c\x05alloc\x8c\x04addr\x8c\x01xuaau.";
+    let p =
+        b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]](}(\x8c\x06action\x8c\x05alloc\x8c\x04addr\x8c\x01xuaau.";
     let e = error_for("bad_field.pickle", p);
-    assert!(
-        e.contains("byte") && e.contains("'addr' is a str, expected a non-negative int"),
-        "{e}"
-    );
+    assert!(e.contains("byte") && e.contains("'addr' is a str, expected a non-negative int"), "{e}");
 }
 
 #[test]
@@ -168,32 +132,14 @@ fn missing_file_and_bad_usage() {
     let o = oomdoc(&["analyze", "no/such/file.pickle"]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
-    assert!(
-        e.contains("no/such/file.pickle") && e.lines().count() == 1,
-        "{e}"
-    );
-    let o = oomdoc(&[
-        "analyze",
-        "fixtures/real/mlsys-linear-t24.pickle",
-        "--at",
-        "tomorrow",
-    ]);
+    assert!(e.contains("no/such/file.pickle") && e.lines().count() == 1, "{e}");
+    let o = oomdoc(&["analyze", "fixtures/real/mlsys-linear-t24.pickle", "--at", "tomorrow"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--at"), "{}", stderr(&o));
-    let o = oomdoc(&[
-        "analyze",
-        "fixtures/real/mlsys-linear-t24.pickle",
-        "--at",
-        "oom",
-    ]);
+    let o = oomdoc(&["analyze", "fixtures/real/mlsys-linear-t24.pickle", "--at", "oom"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("no OOM"), "{}", stderr(&o));
-    let o = oomdoc(&[
-        "analyze",
-        "fixtures/real/mlsys-linear-t24.pickle",
-        "--device",
-        "3",
-    ]);
+    let o = oomdoc(&["analyze", "fixtures/real/mlsys-linear-t24.pickle", "--device", "3"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("devices present: 0"), "{}", stderr(&o));
 }

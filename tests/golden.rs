@@ -5,20 +5,12 @@ mod common;
 
 fn report(file: &str, format: &str) -> String {
     let o = common::oomdoc(&["analyze", file, "--format", format, "--top", "5"]);
-    assert!(
-        o.status.success(),
-        "{file} --format {format}: {}",
-        common::stderr(&o)
-    );
+    assert!(o.status.success(), "{file} --format {format}: {}", common::stderr(&o));
     common::stdout(&o)
 }
 
 fn check_all_formats(file: &str) {
-    let name = std::path::Path::new(file)
-        .file_stem()
-        .unwrap()
-        .to_string_lossy()
-        .replace('.', "_");
+    let name = std::path::Path::new(file).file_stem().unwrap().to_string_lossy().replace('.', "_");
     insta::assert_snapshot!(format!("{name}.text"), report(file, "text"));
     insta::assert_snapshot!(format!("{name}.markdown"), report(file, "markdown"));
     insta::assert_snapshot!(format!("{name}.json"), report(file, "json"));

@@ -4,17 +4,13 @@
 
 mod common;
 
-use oomdoc::analysis::{analyze, At, Options};
+use oomdoc::analysis::{analyze, categories::Categorizer, At, Options};
 use oomdoc::timeline::replay::{Replay, State};
 use serde_json::Value;
 
 fn expected() -> Vec<Value> {
     let text = std::fs::read_to_string(common::root().join("fixtures/real/expected.json")).unwrap();
-    serde_json::from_str::<Value>(&text)
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .clone()
+    serde_json::from_str::<Value>(&text).unwrap().as_array().unwrap().clone()
 }
 
 #[test]
@@ -30,41 +26,17 @@ fn totals_match_an_independent_computation() {
             let ctx = format!("{name} device {dev}");
             let t = tl.device(dev).unwrap_or_else(|| panic!("{ctx}: missing"));
             let st = State::from_segments(&t.segments);
-            assert_eq!(
-                st.allocated,
-                d["allocated_bytes"].as_u64().unwrap(),
-                "{ctx}: allocated"
-            );
-            assert_eq!(
-                st.reserved,
-                d["reserved_bytes"].as_u64().unwrap(),
-                "{ctx}: reserved"
-            );
-            assert_eq!(
-                st.active,
-                d["active_bytes"].as_u64().unwrap(),
-                "{ctx}: active"
-            );
+            assert_eq!(st.allocated, d["allocated_bytes"].as_u64().unwrap(), "{ctx}: allocated");
+            assert_eq!(st.reserved, d["reserved_bytes"].as_u64().unwrap(), "{ctx}: reserved");
+            assert_eq!(st.active, d["active_bytes"].as_u64().unwrap(), "{ctx}: active");
             assert_eq!(
                 st.largest_free_block(),
                 d["largest_free_block_bytes"].as_u64().unwrap(),
                 "{ctx}: largest free block"
             );
-            assert_eq!(
-                t.segments.len() as u64,
-                d["segments"].as_u64().unwrap(),
-                "{ctx}: segments"
-            );
-            assert_eq!(
-                st.block_count() as u64,
-                d["blocks"].as_u64().unwrap(),
-                "{ctx}: blocks"
-            );
-            assert_eq!(
-                t.events.len() as u64,
-                d["trace_entries"].as_u64().unwrap(),
-                "{ctx}: trace entries"
-            );
+            assert_eq!(t.segments.len() as u64, d["segments"].as_u64().unwrap(), "{ctx}: segments");
+            assert_eq!(st.block_count() as u64, d["blocks"].as_u64().unwrap(), "{ctx}: blocks");
+            assert_eq!(t.events.len() as u64, d["trace_entries"].as_u64().unwrap(), "{ctx}: trace entries");
         }
     }
 }
@@ -72,28 +44,14 @@ fn totals_match_an_independent_computation() {
 #[test]
 fn every_real_snapshot_analyzes_at_every_moment() {
     for file in common::fixtures("fixtures/real", ".pickle") {
-        let tl =
-            oomdoc::ingest::load(std::path::Path::new(&common::root().join(&file)), false).unwrap();
+        let tl = oomdoc::ingest::load(std::path::Path::new(&common::root().join(&file)), false).unwrap();
         for at in [At::Auto, At::Peak, At::End] {
-            let a = analyze(
-                &tl,
-                &Options {
-                    at: at.clone(),
-                    top: 5,
-                    device: None,
-                },
-            )
-            .unwrap_or_else(|e| panic!("{file} at {at:?}: {e}"));
+            let opts = Options { at: at.clone(), top: 5, ..Options::default() };
+            let a = analyze(&tl, &opts, &Categorizer::builtin()).unwrap_or_else(|e| panic!("{file} at {at:?}: {e}"));
             assert!(!a.devices.is_empty(), "{file}: no device reported");
             for d in &a.devices {
-                assert!(
-                    d.allocated_bytes <= d.active_bytes && d.active_bytes <= d.reserved_bytes,
-                    "{file}"
-                );
-                assert!(
-                    d.largest_free_block_bytes <= d.reserved_bytes - d.active_bytes,
-                    "{file}"
-                );
+                assert!(d.allocated_bytes <= d.active_bytes && d.active_bytes <= d.reserved_bytes, "{file}");
+                assert!(d.largest_free_block_bytes <= d.reserved_bytes - d.active_bytes, "{file}");
             }
         }
     }
@@ -113,24 +71,14 @@ fn replay_lands_on_the_final_segments() {
             let r = Replay::new(dev, tl.settings.as_ref());
             if r.complete() {
                 complete += 1;
-                assert!(
-                    r.end_mismatch.is_none(),
-                    "{file}: complete trace, but {:?}",
-                    r.end_mismatch
-                );
+                assert!(r.end_mismatch.is_none(), "{file}: complete trace, but {:?}", r.end_mismatch);
                 assert!(r.anomalies.is_empty(), "{file}: {:?}", &r.anomalies[..1]);
             } else if KNOWN_INEXACT.iter().any(|k| file.ends_with(k)) {
-                assert!(
-                    r.end_mismatch.is_some(),
-                    "{file} now replays exactly: remove it from KNOWN_INEXACT"
-                );
+                assert!(r.end_mismatch.is_some(), "{file} now replays exactly: remove it from KNOWN_INEXACT");
             } else {
                 assert!(r.end_mismatch.is_none(), "{file}: {:?}", r.end_mismatch);
             }
         }
     }
-    assert!(
-        complete >= 2,
-        "decomfl-t29 and mlsys-linear-t24 have complete traces"
-    );
+    assert!(complete >= 2, "decomfl-t29 and mlsys-linear-t24 have complete traces");
 }

@@ -1,6 +1,8 @@
 //! Facts derived from the timeline: the allocator state at the moment that matters (the OOM, else the peak),
 //! what was live and who allocated it, free space vs the failed request, and what the capture did not record.
 
+pub mod categories;
+pub mod facts;
 pub mod stacks;
 
 use std::collections::BTreeMap;
@@ -11,8 +13,7 @@ use serde::Serialize;
 use crate::timeline::replay::{Replay, State};
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
 use crate::timeline::{
-    Action, AllocatorSettings, BlockState, CaptureInfo, DeviceTimeline, InputInfo, PoolKind,
-    Timeline,
+    Action, AllocatorSettings, BlockState, CaptureInfo, DeviceTimeline, InputInfo, PoolKind, Timeline,
 };
 use crate::units::{bytes, duration_us};
 pub use stacks::{culprit, stack_frames, user_chain, FrameView};
@@ -69,15 +70,13 @@ pub struct Options {
     pub at: At,
     pub top: usize,
     pub device: Option<i64>,
+    /// The GPU's total memory, when known: sizes the memory outside PyTorch.
+    pub gpu_memory: Option<u64>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options {
-            at: At::Auto,
-            top: 10,
-            device: None,
-        }
+        Options { at: At::Auto, top: 10, device: None, gpu_memory: None }
     }
 }
 
@@ -104,6 +103,7 @@ pub struct Finding {
     pub message: String,
     pub evidence: serde_json::Value,
     pub fix: String,
+    pub references: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -132,7 +132,19 @@ pub struct DeviceReport {
     pub top_allocations: Vec<Allocation>,
     pub by_stack: Vec<StackGroup>,
     pub trace: TraceReport,
+    /// Live memory by what it is for (see rules/categories.toml), biggest first.
+    pub by_category: Vec<CategoryBytes>,
     pub notes: Vec<String>,
+    /// Every fact the rules may test (`oomdoc facts`).
+    #[serde(skip)]
+    pub facts: facts::Facts,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CategoryBytes {
+    pub category: &'static str,
+    pub bytes: u64,
+    pub count: usize,
 }
 
 #[derive(Debug, Serialize, Clone, Copy)]
@@ -224,8 +236,8 @@ pub struct TraceReport {
     pub replay_matches_file: Option<bool>,
 }
 
-/// Analyses every device (or the one asked for).
-pub fn analyze(tl: &Timeline, opts: &Options) -> Result<Analysis, String> {
+/// Analyses every device (or the one asked for), classifying allocations with `cats`.
+pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) -> Result<Analysis, String> {
     let mut devices = Vec::new();
     for dev in &tl.devices {
         if opts.device.is_some_and(|d| d != dev.device) {
@@ -234,18 +246,14 @@ pub fn analyze(tl: &Timeline, opts: &Options) -> Result<Analysis, String> {
         if dev.segments.is_empty() && dev.events.is_empty() {
             continue;
         }
-        devices.push(analyze_device(tl, dev, opts)?);
+        devices.push(analyze_device(tl, dev, opts, cats)?);
     }
     if let Some(d) = opts.device {
         if devices.is_empty() {
             let have: Vec<String> = tl.devices.iter().map(|d| d.device.to_string()).collect();
             return Err(format!(
                 "--device {d}: no such device in the input (devices present: {})",
-                if have.is_empty() {
-                    "none".into()
-                } else {
-                    have.join(", ")
-                }
+                if have.is_empty() { "none".into() } else { have.join(", ") }
             ));
         }
     }
@@ -265,13 +273,11 @@ fn analyze_device(
     tl: &Timeline,
     dev: &DeviceTimeline,
     opts: &Options,
+    cats: &categories::Categorizer,
 ) -> Result<DeviceReport, String> {
     let replay = Replay::new(dev, tl.settings.as_ref());
     let events = &dev.events;
-    let last_oom = events
-        .iter()
-        .rposition(|e| e.action == Action::Oom)
-        .map(|i| i as u32);
+    let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
     let oom_count = events.iter().filter(|e| e.action == Action::Oom).count();
     let last = (!events.is_empty()).then(|| events.len() as u32 - 1);
     let (moment, idx): (&'static str, Option<u32>) = match &opts.at {
@@ -282,22 +288,13 @@ fn analyze_device(
         },
         At::Oom => match last_oom {
             Some(i) => ("oom", Some(i)),
-            None => {
-                return Err(format!(
-                    "--at oom: device {} has no OOM event in its trace",
-                    dev.device
-                ))
-            }
+            None => return Err(format!("--at oom: device {} has no OOM event in its trace", dev.device)),
         },
         At::Peak => ("peak", replay.peak_allocated.1),
         At::End => ("end", last),
         At::Event(n) => {
             if (*n as usize) >= events.len() {
-                return Err(format!(
-                    "--at event:{n}: device {} has {} trace events",
-                    dev.device,
-                    events.len()
-                ));
+                return Err(format!("--at event:{n}: device {} has {} trace events", dev.device, events.len()));
             }
             ("time", Some(*n))
         }
@@ -305,41 +302,23 @@ fn analyze_device(
             let t0 = events.iter().find_map(|e| e.time_us()).ok_or_else(|| {
                 format!("--at with a time: device {}'s trace has no timestamps (torch < 2.2); use event:N", dev.device)
             })?;
-            let i = events
-                .iter()
-                .rposition(|e| e.time_us().is_some_and(|t| t <= t0 + us));
+            let i = events.iter().rposition(|e| e.time_us().is_some_and(|t| t <= t0 + us));
             ("time", i.map(|i| i as u32))
         }
     };
-    let state = if events.is_empty() {
-        State::from_segments(&dev.segments)
-    } else {
-        replay.state_at(idx)
-    };
+    let state = if events.is_empty() { State::from_segments(&dev.segments) } else { replay.state_at(idx) };
     let time_us = idx.and_then(|i| events[i as usize].time_us());
     let end = if events.is_empty() {
-        Totals {
-            allocated_bytes: state.allocated,
-            reserved_bytes: state.reserved,
-            active_bytes: state.active,
-        }
+        Totals { allocated_bytes: state.allocated, reserved_bytes: state.reserved, active_bytes: state.active }
     } else {
         let f = State::from_segments(&dev.segments);
-        Totals {
-            allocated_bytes: f.allocated,
-            reserved_bytes: f.reserved,
-            active_bytes: f.active,
-        }
+        Totals { allocated_bytes: f.allocated, reserved_bytes: f.reserved, active_bytes: f.active }
     };
 
     let free_by_pool = free_by_pool(&state);
     let oom = (moment == "oom").then_some(idx).flatten().map(|i| {
         let e = &events[i as usize];
-        let pool = if e.size <= 1 << 20 {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
+        let pool = if e.size <= 1 << 20 { PoolKind::Small } else { PoolKind::Large };
         let (mut free, mut largest) = (0, 0);
         for p in &free_by_pool {
             let same_pool = p.pool == pool_name(Some(pool)) || p.pool == "unknown";
@@ -358,10 +337,7 @@ fn analyze_device(
             cached_free_in_pool_bytes: free,
             largest_free_in_pool_bytes: largest,
             fits_in_cached_free: e.size <= free,
-            stack: stack_frames(tl, e.stack)
-                .iter()
-                .map(FrameView::full)
-                .collect(),
+            stack: stack_frames(tl, e.stack).iter().map(FrameView::full).collect(),
             culprit: culprit(tl, e.stack),
         }
     });
@@ -375,10 +351,7 @@ fn analyze_device(
             address: addr,
             stream: seg.stream,
             event_index: b.alloc_event,
-            age_us: match (
-                now,
-                b.alloc_event.and_then(|i| events[i as usize].time_us()),
-            ) {
+            age_us: match (now, b.alloc_event.and_then(|i| events[i as usize].time_us())) {
                 (Some(n), Some(t)) => Some(n - t),
                 _ => None,
             },
@@ -411,10 +384,8 @@ fn analyze_device(
     // Show as many callers as it takes to tell the listed stacks apart (at least 3, at most 8).
     let mut depth = 3;
     while depth < 8 {
-        let chains: rustc_hash::FxHashSet<String> = by_stack
-            .iter()
-            .map(|g| user_chain(tl, g.stack_id, depth))
-            .collect();
+        let chains: rustc_hash::FxHashSet<String> =
+            by_stack.iter().map(|g| user_chain(tl, g.stack_id, depth)).collect();
         if chains.len() == by_stack.len() {
             break;
         }
@@ -423,24 +394,16 @@ fn analyze_device(
     for g in &mut by_stack {
         g.culprit = culprit(tl, g.stack_id);
         g.callers = user_chain(tl, g.stack_id, depth);
-        g.stack = stack_frames(tl, g.stack_id)
-            .iter()
-            .map(FrameView::full)
-            .collect();
+        g.stack = stack_frames(tl, g.stack_id).iter().map(FrameView::full).collect();
     }
 
-    let no_stack = live
-        .iter()
-        .filter(|a| a.stack_id == EMPTY_STACK)
-        .fold((0usize, 0u64), |acc, a| (acc.0 + 1, acc.1 + a.bytes));
+    let no_stack =
+        live.iter().filter(|a| a.stack_id == EMPTY_STACK).fold((0usize, 0u64), |acc, a| (acc.0 + 1, acc.1 + a.bytes));
     let live_count = live.len();
     live.truncate(opts.top);
     for a in &mut live {
         a.culprit = culprit(tl, a.stack_id);
-        a.stack = stack_frames(tl, a.stack_id)
-            .iter()
-            .map(FrameView::full)
-            .collect();
+        a.stack = stack_frames(tl, a.stack_id).iter().map(FrameView::full).collect();
     }
 
     let mut actions: BTreeMap<&'static str, usize> = BTreeMap::new();
@@ -464,15 +427,12 @@ fn analyze_device(
     let peak = (!events.is_empty()).then(|| PeakReport {
         allocated_bytes: replay.peak_allocated.0,
         event_index: replay.peak_allocated.1,
-        time_us: replay
-            .peak_allocated
-            .1
-            .and_then(|i| events[i as usize].time_us()),
+        time_us: replay.peak_allocated.1.and_then(|i| events[i as usize].time_us()),
         reserved_bytes: replay.peak_reserved.0,
     });
 
     let notes = notes(tl, dev, &replay, &trace, no_stack, live_count, oom_count);
-    Ok(DeviceReport {
+    let mut report = DeviceReport {
         device: dev.device,
         moment,
         event_index: idx,
@@ -493,8 +453,30 @@ fn analyze_device(
         top_allocations: live,
         by_stack,
         trace,
+        by_category: Vec::new(),
         notes,
-    })
+        facts: facts::Facts::default(),
+    };
+    let mut cache = categories::CategoryCache::new(cats, tl);
+    let cx = facts::Context { tl, dev, replay: &replay, report: &report, gpu_memory: opts.gpu_memory };
+    let facts = facts::compute(&cx, &mut cache);
+    let mut by_category: Vec<CategoryBytes> = categories::CATEGORIES
+        .iter()
+        .filter_map(|c| {
+            let b = facts.get(&format!("live.{c}_bytes"))?.value.clone();
+            let n = facts.get(&format!("live.{c}_count"))?.value.clone();
+            match (b, n) {
+                (crate::rules::expr::Val::Num(b), crate::rules::expr::Val::Num(n)) if b > 0.0 => {
+                    Some(CategoryBytes { category: c, bytes: b as u64, count: n as usize })
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    by_category.sort_by_key(|c| std::cmp::Reverse(c.bytes));
+    report.by_category = by_category;
+    report.facts = facts;
+    Ok(report)
 }
 
 fn pool_name(kind: Option<PoolKind>) -> &'static str {
@@ -509,16 +491,14 @@ fn free_by_pool(state: &State) -> Vec<PoolFree> {
     let mut map: BTreeMap<(&'static str, u64, (i64, i64)), PoolFree> = BTreeMap::new();
     for (seg, _, b) in state.free_blocks() {
         let pool = pool_name(seg.kind);
-        let p = map
-            .entry((pool, seg.stream, seg.pool_id))
-            .or_insert(PoolFree {
-                pool,
-                stream: seg.stream,
-                pool_id: seg.pool_id,
-                free_bytes: 0,
-                largest_free_block_bytes: 0,
-                free_blocks: 0,
-            });
+        let p = map.entry((pool, seg.stream, seg.pool_id)).or_insert(PoolFree {
+            pool,
+            stream: seg.stream,
+            pool_id: seg.pool_id,
+            free_bytes: 0,
+            largest_free_block_bytes: 0,
+            free_blocks: 0,
+        });
         p.free_bytes += b.size;
         p.largest_free_block_bytes = p.largest_free_block_bytes.max(b.size);
         p.free_blocks += 1;
@@ -549,10 +529,7 @@ fn notes(
         let c = &replay.completeness;
         let parts: Vec<String> = [
             (c.frees_without_alloc, "frees of allocations made before it"),
-            (
-                c.live_without_alloc,
-                "blocks live at the end that it never saw allocated",
-            ),
+            (c.live_without_alloc, "blocks live at the end that it never saw allocated"),
             (c.segments_without_alloc, "segments it never saw created"),
         ]
         .iter()
@@ -600,18 +577,8 @@ fn notes(
         .segments
         .iter()
         .filter(|s| {
-            let alloc: u64 = s
-                .blocks
-                .iter()
-                .filter(|b| b.state == BlockState::ActiveAllocated)
-                .map(|b| b.size)
-                .sum();
-            let active: u64 = s
-                .blocks
-                .iter()
-                .filter(|b| b.state != BlockState::Inactive)
-                .map(|b| b.size)
-                .sum();
+            let alloc: u64 = s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.size).sum();
+            let active: u64 = s.blocks.iter().filter(|b| b.state != BlockState::Inactive).map(|b| b.size).sum();
             let total: u64 = s.blocks.iter().map(|b| b.size).sum();
             s.declared_allocated.is_some_and(|d| d != alloc)
                 || s.declared_active.is_some_and(|d| d != active)

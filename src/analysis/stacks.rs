@@ -117,16 +117,9 @@ pub fn folded(tl: &Timeline, stack: StackId, max_lines: usize) -> Vec<(bool, Str
             let run = &frames[start..i];
             let label = match run.iter().find(|f| f.filename.ends_with(".py")) {
                 Some(f) => f.short(),
-                None => run
-                    .iter()
-                    .find_map(|f| aten_op(&f.name))
-                    .unwrap_or_else(|| "native code".into()),
+                None => run.iter().find_map(|f| aten_op(&f.name)).unwrap_or_else(|| "native code".into()),
             };
-            let text = if n == 1 {
-                label
-            } else {
-                format!("{label} (+{} library frames)", n - 1)
-            };
+            let text = if n == 1 { label } else { format!("{label} (+{} library frames)", n - 1) };
             out.push((true, text));
         } else {
             out.push((false, frames[i].short()));

@@ -227,10 +227,7 @@ impl std::ops::Deref for ListItems<'_> {
 
 /// Looks a key up in interleaved dict items.
 pub fn dict_get(items: &[Value], key: StrId) -> Option<&Value> {
-    items
-        .chunks_exact(2)
-        .find(|kv| matches!(kv[0], Value::Str(k) if k == key))
-        .map(|kv| &kv[1])
+    items.chunks_exact(2).find(|kv| matches!(kv[0], Value::Str(k) if k == key)).map(|kv| &kv[1])
 }
 
 /// Hooks that see containers as they close and may replace them with compact values.
@@ -258,22 +255,14 @@ impl Builder for PlainBuilder {
 pub enum PickleError {
     #[error("the file is empty; expected a pickle (it starts with byte 0x80, the PROTO opcode)")]
     Empty,
-    #[error(
-        "byte 0: expected a pickle (first byte 0x80, the PROTO opcode), found {found}; this is not a pickle file"
-    )]
+    #[error("byte 0: expected a pickle (first byte 0x80, the PROTO opcode), found {found}; this is not a pickle file")]
     NotAPickle { found: String },
     #[error(
         "byte {offset}: opcode {name} (0x{op:02x}) would import or call Python code; oomdoc never executes a \
          pickle, and a genuine memory snapshot holds only plain data"
     )]
-    Forbidden {
-        offset: u64,
-        op: u8,
-        name: &'static str,
-    },
-    #[error(
-        "byte {offset}: unknown pickle opcode 0x{op:02x}; the file is corrupt or not a pickle"
-    )]
+    Forbidden { offset: u64, op: u8, name: &'static str },
+    #[error("byte {offset}: unknown pickle opcode 0x{op:02x}; the file is corrupt or not a pickle")]
     UnknownOpcode { offset: u64, op: u8 },
     #[error("the file ends at byte {offset} inside {what}: it is truncated")]
     Truncated { offset: u64, what: &'static str },
@@ -302,15 +291,7 @@ struct Input<R> {
 
 impl<R: Read> Input<R> {
     fn new(src: R) -> Self {
-        Input {
-            src,
-            buf: vec![0; BUF_SIZE],
-            pos: 0,
-            end: 0,
-            base: 0,
-            eof: false,
-            progress: None,
-        }
+        Input { src, buf: vec![0; BUF_SIZE], pos: 0, end: 0, base: 0, eof: false, progress: None }
     }
 
     #[inline]
@@ -342,12 +323,7 @@ impl<R: Read> Input<R> {
                 Ok(0) => self.eof = true,
                 Ok(k) => self.end += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(PickleError::Io {
-                        offset: self.base + self.end as u64,
-                        source: e,
-                    })
-                }
+                Err(e) => return Err(PickleError::Io { offset: self.base + self.end as u64, source: e }),
             }
         }
         if let Some(p) = self.progress.as_mut() {
@@ -359,10 +335,7 @@ impl<R: Read> Input<R> {
     #[inline]
     fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], PickleError> {
         if self.end - self.pos < n && !self.fill(n)? {
-            return Err(PickleError::Truncated {
-                offset: self.base + self.end as u64,
-                what,
-            });
+            return Err(PickleError::Truncated { offset: self.base + self.end as u64, what });
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -427,9 +400,7 @@ impl Memo {
     }
     #[inline]
     fn get(&self, idx: u32) -> Option<&Value> {
-        self.dense
-            .get(idx as usize)
-            .or_else(|| self.sparse.get(&idx))
+        self.dense.get(idx as usize).or_else(|| self.sparse.get(&idx))
     }
     fn get_mut(&mut self, idx: u32) -> Option<&mut Value> {
         match self.dense.get_mut(idx as usize) {
@@ -465,14 +436,10 @@ pub fn read<R: Read, B: Builder>(
         if input.end == 0 {
             return Err(PickleError::Empty);
         }
-        return Err(PickleError::NotAPickle {
-            found: describe_byte(input.buf[0]),
-        });
+        return Err(PickleError::NotAPickle { found: describe_byte(input.buf[0]) });
     }
     if input.buf[0] != 0x80 {
-        return Err(PickleError::NotAPickle {
-            found: describe_byte(input.buf[0]),
-        });
+        return Err(PickleError::NotAPickle { found: describe_byte(input.buf[0]) });
     }
     let protocol = input.buf[1];
     if protocol > 5 {
@@ -490,12 +457,7 @@ pub fn read<R: Read, B: Builder>(
         scratch: Vec::new(),
     };
     let value = m.run(&mut input)?;
-    Ok(Parsed {
-        value,
-        strings: m.strings,
-        protocol,
-        bytes_read: input.offset(),
-    })
+    Ok(Parsed { value, strings: m.strings, protocol, bytes_read: input.offset() })
 }
 
 fn describe_byte(b: u8) -> String {
@@ -527,30 +489,19 @@ fn forbidden_name(op: u8) -> Option<&'static str> {
 
 impl<B: Builder> Machine<'_, B> {
     fn err(offset: u64, message: impl Into<String>) -> PickleError {
-        PickleError::Malformed {
-            offset,
-            message: message.into(),
-        }
+        PickleError::Malformed { offset, message: message.into() }
     }
 
     #[inline]
     fn pop(&mut self, off: u64, what: &str) -> Result<Value, PickleError> {
-        self.stack
-            .pop()
-            .ok_or_else(|| Self::err(off, format!("{what} needs a value but the stack is empty")))
+        self.stack.pop().ok_or_else(|| Self::err(off, format!("{what} needs a value but the stack is empty")))
     }
 
     #[inline]
     fn pop_mark(&mut self, off: u64, what: &str) -> Result<usize, PickleError> {
-        let m = self
-            .marks
-            .pop()
-            .ok_or_else(|| Self::err(off, format!("{what} without a preceding MARK")))?;
+        let m = self.marks.pop().ok_or_else(|| Self::err(off, format!("{what} without a preceding MARK")))?;
         if m > self.stack.len() {
-            return Err(Self::err(
-                off,
-                format!("{what}: MARK points past the stack"),
-            ));
+            return Err(Self::err(off, format!("{what}: MARK points past the stack")));
         }
         Ok(m)
     }
@@ -576,9 +527,7 @@ impl<B: Builder> Machine<'_, B> {
                 0x89 => self.stack.push(Value::Bool(false)),
                 b'J' => {
                     let b = input.take(4, "BININT")?;
-                    self.stack.push(Value::Int(
-                        i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64
-                    ));
+                    self.stack.push(Value::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64));
                 }
                 b'K' => {
                     let b = input.byte("BININT1")?;
@@ -586,8 +535,7 @@ impl<B: Builder> Machine<'_, B> {
                 }
                 b'M' => {
                     let b = input.take(2, "BININT2")?;
-                    self.stack
-                        .push(Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64));
+                    self.stack.push(Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64));
                 }
                 0x8a => {
                     let n = input.byte("LONG1")? as usize;
@@ -657,11 +605,7 @@ impl<B: Builder> Machine<'_, B> {
                     self.stack.push(Value::Bytes(Rc::new(b.to_vec())));
                 }
                 0x8e | 0x96 => {
-                    let what = if op == 0x8e {
-                        "BINBYTES8"
-                    } else {
-                        "BYTEARRAY8"
-                    };
+                    let what = if op == 0x8e { "BINBYTES8" } else { "BYTEARRAY8" };
                     let n = len8(input, what)?;
                     let b = input.take(n, what)?;
                     self.stack.push(Value::Bytes(Rc::new(b.to_vec())));
@@ -671,13 +615,7 @@ impl<B: Builder> Machine<'_, B> {
                     let what = if op == b'I' { "INT" } else { "LONG" };
                     let line = input.line(what)?;
                     self.stack.push(text_int(&line).ok_or_else(|| {
-                        Self::err(
-                            off,
-                            format!(
-                                "{what}: not an integer: {:?}",
-                                String::from_utf8_lossy(&line)
-                            ),
-                        )
+                        Self::err(off, format!("{what}: not an integer: {:?}", String::from_utf8_lossy(&line)))
                     })?);
                 }
                 b'F' => {
@@ -691,8 +629,7 @@ impl<B: Builder> Machine<'_, B> {
                 b'S' => {
                     let line = input.line("STRING")?;
                     let t = line.strip_prefix(b"'").and_then(|l| l.strip_suffix(b"'"));
-                    let t =
-                        t.or_else(|| line.strip_prefix(b"\"").and_then(|l| l.strip_suffix(b"\"")));
+                    let t = t.or_else(|| line.strip_prefix(b"\"").and_then(|l| l.strip_suffix(b"\"")));
                     let t = t.ok_or_else(|| Self::err(off, "STRING: not a quoted string"))?;
                     let id = self.strings.intern_bytes(t);
                     self.stack.push(Value::Str(id));
@@ -716,10 +653,7 @@ impl<B: Builder> Machine<'_, B> {
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
                     if self.stack.len() < n {
-                        return Err(Self::err(
-                            off,
-                            "TUPLE1/2/3 needs more values than the stack holds",
-                        ));
+                        return Err(Self::err(off, "TUPLE1/2/3 needs more values than the stack holds"));
                     }
                     let at = self.stack.len() - n;
                     let t = self.make_tuple(at, off)?;
@@ -781,11 +715,7 @@ impl<B: Builder> Machine<'_, B> {
                     self.stack.truncate(at);
                 }
                 b'2' => {
-                    let top = self
-                        .stack
-                        .last()
-                        .cloned()
-                        .ok_or_else(|| Self::err(off, "DUP on an empty stack"))?;
+                    let top = self.stack.last().cloned().ok_or_else(|| Self::err(off, "DUP on an empty stack"))?;
                     self.stack.push(top);
                 }
                 // Memo.
@@ -803,8 +733,7 @@ impl<B: Builder> Machine<'_, B> {
                 }
                 b'p' => {
                     let line = input.line("PUT")?;
-                    let idx =
-                        text_index(&line).ok_or_else(|| Self::err(off, "PUT: bad memo index"))?;
+                    let idx = text_index(&line).ok_or_else(|| Self::err(off, "PUT: bad memo index"))?;
                     self.memoize(idx, off)?;
                 }
                 b'h' => {
@@ -817,28 +746,21 @@ impl<B: Builder> Machine<'_, B> {
                 }
                 b'g' => {
                     let line = input.line("GET")?;
-                    let idx =
-                        text_index(&line).ok_or_else(|| Self::err(off, "GET: bad memo index"))?;
+                    let idx = text_index(&line).ok_or_else(|| Self::err(off, "GET: bad memo index"))?;
                     self.recall(idx, off)?;
                 }
                 0x97 | 0x98 => {
-                    let name = if op == 0x97 {
-                        "NEXT_BUFFER"
-                    } else {
-                        "READONLY_BUFFER"
-                    };
+                    let name = if op == 0x97 { "NEXT_BUFFER" } else { "READONLY_BUFFER" };
                     return Err(Self::err(
                         off,
-                        format!("opcode {name} (0x{op:02x}) refers to an out-of-band buffer; a memory snapshot has none"),
+                        format!(
+                            "opcode {name} (0x{op:02x}) refers to an out-of-band buffer; a memory snapshot has none"
+                        ),
                     ));
                 }
                 _ => {
                     if let Some(name) = forbidden_name(op) {
-                        return Err(PickleError::Forbidden {
-                            offset: off,
-                            op,
-                            name,
-                        });
+                        return Err(PickleError::Forbidden { offset: off, op, name });
                     }
                     return Err(PickleError::UnknownOpcode { offset: off, op });
                 }
@@ -865,10 +787,7 @@ impl<B: Builder> Machine<'_, B> {
         }
         let memo_mark = self.memo.dense.len();
         let scratch_mark = self.scratch.len();
-        let mut cur = Cursor {
-            buf: &input.buf[input.pos..input.end],
-            pos: 0,
-        };
+        let mut cur = Cursor { buf: &input.buf[input.pos..input.end], pos: 0 };
         let r = self.fast_body(&mut cur, is_dict, 0, off + 1);
         match r {
             Ok(Some(v)) => {
@@ -916,11 +835,7 @@ impl<B: Builder> Machine<'_, B> {
             if slot as usize != self.memo.dense.len() {
                 return Ok(None);
             }
-            let pending = if is_dict {
-                Value::PendingDict(slot)
-            } else {
-                Value::PendingList(slot)
-            };
+            let pending = if is_dict { Value::PendingDict(slot) } else { Value::PendingList(slot) };
             self.memo.dense.push(pending);
         }
         let single = match cur.peek() {
@@ -948,16 +863,13 @@ impl<B: Builder> Machine<'_, B> {
                     let Some(b) = cur.take(2) else {
                         return Ok(None);
                     };
-                    self.scratch
-                        .push(Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64));
+                    self.scratch.push(Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64));
                 }
                 b'J' => {
                     let Some(b) = cur.take(4) else {
                         return Ok(None);
                     };
-                    self.scratch.push(Value::Int(
-                        i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64
-                    ));
+                    self.scratch.push(Value::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64));
                 }
                 0x8a => {
                     let Some(n) = cur.next() else { return Ok(None) };
@@ -1007,9 +919,7 @@ impl<B: Builder> Machine<'_, B> {
                         u32::from_le_bytes([b[0], b[1], b[2], b[3]])
                     };
                     match self.memo.dense.get(idx as usize) {
-                        Some(Value::PendingDict(_) | Value::PendingList(_)) | None => {
-                            return Ok(None)
-                        }
+                        Some(Value::PendingDict(_) | Value::PendingList(_)) | None => return Ok(None),
                         Some(v) => self.scratch.push(v.clone()),
                     }
                 }
@@ -1040,9 +950,7 @@ impl<B: Builder> Machine<'_, B> {
                     }
                     let at = self.scratch.len() - n;
                     let t = match &self.scratch[at..] {
-                        [Value::Int(a), Value::Int(b)]
-                            if i32::try_from(*a).is_ok() && i32::try_from(*b).is_ok() =>
-                        {
+                        [Value::Int(a), Value::Int(b)] if i32::try_from(*a).is_ok() && i32::try_from(*b).is_ok() => {
                             Value::IntPair(*a as i32, *b as i32)
                         }
                         items => {
@@ -1050,22 +958,17 @@ impl<B: Builder> Machine<'_, B> {
                             if d > MAX_DEPTH {
                                 return Ok(None);
                             }
-                            Value::Tuple(Rc::new(Tuple {
-                                depth: d,
-                                items: items.to_vec(),
-                            }))
+                            Value::Tuple(Rc::new(Tuple { depth: d, items: items.to_vec() }))
                         }
                     };
                     self.scratch.truncate(at);
                     self.scratch.push(t);
                 }
                 // One level of nesting: the frames list of a trace entry, the frame dicts of a stack.
-                b'}' | b']' if depth < 2 => {
-                    match self.fast_body(cur, op == b'}', depth + 1, base)? {
-                        Some(v) => self.scratch.push(v),
-                        None => return Ok(None),
-                    }
-                }
+                b'}' | b']' if depth < 2 => match self.fast_body(cur, op == b'}', depth + 1, base)? {
+                    Some(v) => self.scratch.push(v),
+                    None => return Ok(None),
+                },
                 _ => return Ok(None),
             }
         }
@@ -1087,12 +990,7 @@ impl<B: Builder> Machine<'_, B> {
             match replaced {
                 Some(v) => v,
                 None => {
-                    let d = self.scratch[mark..]
-                        .iter()
-                        .map(Value::depth)
-                        .max()
-                        .unwrap_or(0)
-                        + 1;
+                    let d = self.scratch[mark..].iter().map(Value::depth).max().unwrap_or(0) + 1;
                     if d > MAX_DEPTH {
                         return Ok(None);
                     }
@@ -1101,20 +999,11 @@ impl<B: Builder> Machine<'_, B> {
                 }
             }
         } else {
-            let replaced = if n < BATCH {
-                self.builder.close_list(&self.scratch[mark..])
-            } else {
-                None
-            };
+            let replaced = if n < BATCH { self.builder.close_list(&self.scratch[mark..]) } else { None };
             match replaced {
                 Some(v) => v,
                 None => {
-                    let d = self.scratch[mark..]
-                        .iter()
-                        .map(Value::depth)
-                        .max()
-                        .unwrap_or(0)
-                        + 1;
+                    let d = self.scratch[mark..].iter().map(Value::depth).max().unwrap_or(0) + 1;
                     if d > MAX_DEPTH {
                         return Ok(None);
                     }
@@ -1147,10 +1036,7 @@ impl<B: Builder> Machine<'_, B> {
     }
 
     fn memoize(&mut self, idx: u32, off: u64) -> Result<(), PickleError> {
-        let top = self
-            .stack
-            .last_mut()
-            .ok_or_else(|| Self::err(off, "memo store with an empty stack"))?;
+        let top = self.stack.last_mut().ok_or_else(|| Self::err(off, "memo store with an empty stack"))?;
         match top {
             // A pending container learns its slot so the memo can be updated when it closes.
             Value::PendingList(slot) | Value::PendingDict(slot) if *slot == NO_SLOT => {
@@ -1166,29 +1052,18 @@ impl<B: Builder> Machine<'_, B> {
     fn recall(&mut self, idx: u32, off: u64) -> Result<(), PickleError> {
         let v = match self.memo.get(idx) {
             Some(v) => v.clone(),
-            None => {
-                return Err(Self::err(
-                    off,
-                    format!("memo reference {idx} to a value never stored"),
-                ))
-            }
+            None => return Err(Self::err(off, format!("memo reference {idx} to a value never stored"))),
         };
         // A reference to a container that is still being filled (only a self-referencing structure does that):
         // give it real shared storage now, so both references see the same items.
         let v = match v {
             Value::PendingList(slot) if slot == idx => {
-                let l = Value::List(Rc::new(RefCell::new(List {
-                    depth: 1,
-                    items: Vec::new(),
-                })));
+                let l = Value::List(Rc::new(RefCell::new(List { depth: 1, items: Vec::new() })));
                 self.memo.put(idx, l.clone());
                 l
             }
             Value::PendingDict(slot) if slot == idx => {
-                let d = Value::Dict(Rc::new(RefCell::new(Dict {
-                    depth: 1,
-                    items: Vec::new(),
-                })));
+                let d = Value::Dict(Rc::new(RefCell::new(Dict { depth: 1, items: Vec::new() })));
                 self.memo.put(idx, d.clone());
                 d
             }
@@ -1212,11 +1087,7 @@ impl<B: Builder> Machine<'_, B> {
         let n = self.stack.len() - at;
         match &self.stack[target] {
             &Value::PendingList(slot) => {
-                let shared = if slot != NO_SLOT {
-                    self.memo.get(slot).cloned()
-                } else {
-                    None
-                };
+                let shared = if slot != NO_SLOT { self.memo.get(slot).cloned() } else { None };
                 if let Some(Value::List(rc)) = shared {
                     let item_depth = self.item_depth(at, off)?;
                     let mut l = rc.borrow_mut();
@@ -1226,11 +1097,7 @@ impl<B: Builder> Machine<'_, B> {
                     self.stack[target] = Value::List(rc);
                     return Ok(());
                 }
-                let replaced = if n < BATCH {
-                    self.builder.close_list(&self.stack[at..])
-                } else {
-                    None
-                };
+                let replaced = if n < BATCH { self.builder.close_list(&self.stack[at..]) } else { None };
                 let v = match replaced {
                     Some(v) => {
                         self.stack.truncate(at);
@@ -1239,10 +1106,7 @@ impl<B: Builder> Machine<'_, B> {
                     None => {
                         let item_depth = self.item_depth(at, off)?;
                         let items = self.stack.split_off(at);
-                        Value::List(Rc::new(RefCell::new(List {
-                            depth: item_depth + 1,
-                            items,
-                        })))
+                        Value::List(Rc::new(RefCell::new(List { depth: item_depth + 1, items })))
                     }
                 };
                 if slot != NO_SLOT {
@@ -1260,10 +1124,7 @@ impl<B: Builder> Machine<'_, B> {
                 l.items.extend(self.stack.drain(at..));
             }
             other => {
-                return Err(Self::err(
-                    off,
-                    format!("APPEND(S) onto {} instead of a list", other.type_name()),
-                ));
+                return Err(Self::err(off, format!("APPEND(S) onto {} instead of a list", other.type_name())));
             }
         }
         Ok(())
@@ -1273,10 +1134,7 @@ impl<B: Builder> Machine<'_, B> {
     fn extend_dict(&mut self, at: usize, target: usize, off: u64) -> Result<(), PickleError> {
         let n = self.stack.len() - at;
         if !n.is_multiple_of(2) {
-            return Err(Self::err(
-                off,
-                "SETITEMS with an odd number of keys and values",
-            ));
+            return Err(Self::err(off, "SETITEMS with an odd number of keys and values"));
         }
         let item_depth = self.stack[at..].iter().map(Value::depth).max().unwrap_or(0);
         if item_depth + 1 > MAX_DEPTH {
@@ -1284,11 +1142,7 @@ impl<B: Builder> Machine<'_, B> {
         }
         match &self.stack[target] {
             &Value::PendingDict(slot) => {
-                let shared = if slot != NO_SLOT {
-                    self.memo.get(slot).cloned()
-                } else {
-                    None
-                };
+                let shared = if slot != NO_SLOT { self.memo.get(slot).cloned() } else { None };
                 if let Some(Value::Dict(rc)) = shared {
                     let item_depth = self.item_depth(at, off)?;
                     let mut d = rc.borrow_mut();
@@ -1299,9 +1153,7 @@ impl<B: Builder> Machine<'_, B> {
                     return Ok(());
                 }
                 let replaced = if n / 2 < BATCH {
-                    self.builder
-                        .close_dict(&self.strings, &self.stack[at..])
-                        .map_err(|m| Self::err(off, m))?
+                    self.builder.close_dict(&self.strings, &self.stack[at..]).map_err(|m| Self::err(off, m))?
                 } else {
                     None
                 };
@@ -1313,10 +1165,7 @@ impl<B: Builder> Machine<'_, B> {
                     None => {
                         let item_depth = self.item_depth(at, off)?;
                         let items = self.stack.split_off(at);
-                        Value::Dict(Rc::new(RefCell::new(Dict {
-                            depth: item_depth + 1,
-                            items,
-                        })))
+                        Value::Dict(Rc::new(RefCell::new(Dict { depth: item_depth + 1, items })))
                     }
                 };
                 if slot != NO_SLOT {
@@ -1334,10 +1183,7 @@ impl<B: Builder> Machine<'_, B> {
                 d.items.extend(self.stack.drain(at..));
             }
             other => {
-                return Err(Self::err(
-                    off,
-                    format!("SETITEM(S) into {} instead of a dict", other.type_name()),
-                ));
+                return Err(Self::err(off, format!("SETITEM(S) into {} instead of a dict", other.type_name())));
             }
         }
         Ok(())
@@ -1349,10 +1195,8 @@ fn len8<R: Read>(input: &mut Input<R>, what: &'static str) -> Result<usize, Pick
     let b = input.take(8, what)?;
     let mut a = [0u8; 8];
     a.copy_from_slice(b);
-    usize::try_from(u64::from_le_bytes(a)).map_err(|_| PickleError::Malformed {
-        offset: off,
-        message: format!("{what}: length does not fit"),
-    })
+    usize::try_from(u64::from_le_bytes(a))
+        .map_err(|_| PickleError::Malformed { offset: off, message: format!("{what}: length does not fit") })
 }
 
 fn long_value(b: &[u8]) -> Value {
@@ -1434,9 +1278,7 @@ mod tests {
     #[test]
     fn memo_shares_rather_than_copies() {
         // [L, L] where L = [1] memoized: both items are the same Rc.
-        let p = [
-            0x80, 4, b']', 0x94, b'(', b']', 0x94, b'K', 1, b'a', b'h', 1, b'e', b'.',
-        ];
+        let p = [0x80, 4, b']', 0x94, b'(', b']', 0x94, b'K', 1, b'a', b'h', 1, b'e', b'.'];
         let v = parse(&p).unwrap().value;
         let items = v.list_items().unwrap();
         match (&items[0], &items[1]) {
@@ -1449,17 +1291,7 @@ mod tests {
     fn refuses_code_execution_opcodes() {
         let p = b"\x80\x02cos\nsystem\nq\x00X\x0a\x00\x00\x00echo pwnedq\x01\x85q\x02Rq\x03.";
         let e = parse(p).err().unwrap();
-        assert!(
-            matches!(
-                e,
-                PickleError::Forbidden {
-                    name: "GLOBAL",
-                    offset: 2,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, PickleError::Forbidden { name: "GLOBAL", offset: 2, .. }), "{e}");
     }
 
     #[test]
@@ -1481,10 +1313,7 @@ mod tests {
     #[test]
     fn sparse_memo_index_costs_one_entry() {
         // LONG_BINPUT 0xFFFFFFF0 then LONG_BINGET it.
-        let p = [
-            0x80, 4, b'K', 7, b'r', 0xf0, 0xff, 0xff, 0xff, b'0', b'j', 0xf0, 0xff, 0xff, 0xff,
-            b'.',
-        ];
+        let p = [0x80, 4, b'K', 7, b'r', 0xf0, 0xff, 0xff, 0xff, b'0', b'j', 0xf0, 0xff, 0xff, 0xff, b'.'];
         assert_eq!(parse(&p).unwrap().value.as_i64(), Some(7));
     }
 }

@@ -8,8 +8,8 @@ use std::io::Read;
 use super::pickle::{self, dict_get, Builder, Value};
 use crate::timeline::stacks::{Frame, StackId, Stacks, StrId, Strings, EMPTY_STACK};
 use crate::timeline::{
-    Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTimeline, Event, PoolKind,
-    Segment, Timeline, NO_STR,
+    Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTimeline, Event, PoolKind, Segment, Timeline,
+    NO_STR,
 };
 
 const FRAME: u8 = 1;
@@ -160,12 +160,7 @@ struct SnapshotBuilder {
 }
 
 fn want_u64(v: &Value, key: &str, what: &str) -> Result<u64, String> {
-    v.as_u64().ok_or_else(|| {
-        format!(
-            "{what}: '{key}' is {}, expected a non-negative int",
-            v.type_name()
-        )
-    })
+    v.as_u64().ok_or_else(|| format!("{what}: '{key}' is {}, expected a non-negative int", v.type_name()))
 }
 
 impl SnapshotBuilder {
@@ -181,11 +176,7 @@ impl SnapshotBuilder {
             }
             // Other keys (2.10's fx_node_* / fx_original_trace) are tolerated.
         }
-        let f = Frame {
-            filename: filename?,
-            name: name?,
-            line,
-        };
+        let f = Frame { filename: filename?, name: name?, line };
         Some(Value::Custom(FRAME, self.stacks.intern_frame(f)))
     }
 
@@ -197,9 +188,8 @@ impl SnapshotBuilder {
             let v = &kv[1];
             match key {
                 k::ACTION => {
-                    let s = v.as_str_id().ok_or_else(|| {
-                        format!("{W}: 'action' is {}, expected a str", v.type_name())
-                    })?;
+                    let s =
+                        v.as_str_id().ok_or_else(|| format!("{W}: 'action' is {}, expected a str", v.type_name()))?;
                     e.action = action_of(s);
                 }
                 k::ADDR => e.addr = want_u64(v, "addr", W)?,
@@ -209,26 +199,18 @@ impl SnapshotBuilder {
                     e.stream = v
                         .as_u64()
                         .or_else(|| v.as_i64().map(|i| i as u64))
-                        .ok_or_else(|| {
-                            format!("{W}: 'stream' is {}, expected an int", v.type_name())
-                        })?
+                        .ok_or_else(|| format!("{W}: 'stream' is {}, expected an int", v.type_name()))?
                 }
                 k::DEVICE_FREE => e.set_device_free(want_u64(v, "device_free", W)?),
                 k::TIME_US => {
-                    let t = v.as_i64().ok_or_else(|| {
-                        format!("{W}: 'time_us' is {}, expected an int", v.type_name())
-                    })?;
+                    let t =
+                        v.as_i64().ok_or_else(|| format!("{W}: 'time_us' is {}, expected an int", v.type_name()))?;
                     e.set_time_us(t);
                     self.seen_time = true;
                 }
                 k::FRAMES => {
-                    e.stack =
-                        stack_of(&mut self.stacks, &mut self.frame_buf, v).ok_or_else(|| {
-                            format!(
-                                "{W}: 'frames' is {}, expected a list of frames",
-                                v.type_name()
-                            )
-                        })?
+                    e.stack = stack_of(&mut self.stacks, &mut self.frame_buf, v)
+                        .ok_or_else(|| format!("{W}: 'frames' is {}, expected a list of frames", v.type_name()))?
                 }
                 k::COMPILE_CONTEXT => {
                     e.compile_context = v.as_str_id().unwrap_or(NO_STR);
@@ -247,8 +229,7 @@ impl SnapshotBuilder {
                 _ => {}
             }
         }
-        let idx = u32::try_from(self.events.len())
-            .map_err(|_| "more than 4 billion trace entries".to_string())?;
+        let idx = u32::try_from(self.events.len()).map_err(|_| "more than 4 billion trace entries".to_string())?;
         self.events.push(e);
         Ok(Value::Custom(TRACE, idx))
     }
@@ -288,9 +269,7 @@ impl Builder for SnapshotBuilder {
         // Frames start with 'filename' and trace entries with 'action' in every writer seen; look there first.
         let is = |want: StrId| {
             matches!(items.first(), Some(Value::Str(k)) if *k == want)
-                || items
-                    .chunks_exact(2)
-                    .any(|kv| matches!(kv[0], Value::Str(k) if k == want))
+                || items.chunks_exact(2).any(|kv| matches!(kv[0], Value::Str(k) if k == want))
         };
         if is(k::ACTION) {
             return self.trace_entry(items).map(Some);
@@ -326,10 +305,7 @@ pub struct Snapshot {
 }
 
 /// Reads a snapshot from a stream. `Err` carries a message without the path; the caller adds it.
-pub fn read<R: Read>(
-    src: R,
-    progress: Option<Box<dyn FnMut(u64)>>,
-) -> Result<Snapshot, SnapshotError> {
+pub fn read<R: Read>(src: R, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Snapshot, SnapshotError> {
     let mut strings = Strings::default();
     intern_keys(&mut strings);
     let mut b = SnapshotBuilder {
@@ -351,12 +327,8 @@ pub fn read<R: Read>(
         seen_pool_id,
         ..
     } = b;
-    let mut d = Decoder {
-        strings: &parsed.strings,
-        work_left: parsed.bytes_read.max(1024),
-        stacks,
-        frame_buf: Vec::new(),
-    };
+    let mut d =
+        Decoder { strings: &parsed.strings, work_left: parsed.bytes_read.max(1024), stacks, frame_buf: Vec::new() };
     let mut tl = Timeline::default();
     let mut version = Version::default();
     let top = &parsed.value;
@@ -393,28 +365,19 @@ pub fn read<R: Read>(
             )));
         }
         if let Some(segs) = segs {
-            let list = segs.list_items().ok_or_else(|| {
-                SnapshotError::Shape(format!(
-                    "'segments' is {}, expected a list",
-                    segs.type_name()
-                ))
-            })?;
+            let list = segs
+                .list_items()
+                .ok_or_else(|| SnapshotError::Shape(format!("'segments' is {}, expected a list", segs.type_name())))?;
             d.segments(&list, &mut tl, &mut version)?;
         }
         if let Some(traces) = traces {
             let lists = traces.list_items().ok_or_else(|| {
-                SnapshotError::Shape(format!(
-                    "'device_traces' is {}, expected a list of lists",
-                    traces.type_name()
-                ))
+                SnapshotError::Shape(format!("'device_traces' is {}, expected a list of lists", traces.type_name()))
             })?;
             let mut consumed = 0usize;
             for (dev, list) in lists.iter().enumerate() {
                 let entries = list.list_items().ok_or_else(|| {
-                    SnapshotError::Shape(format!(
-                        "device_traces[{dev}] is {}, expected a list",
-                        list.type_name()
-                    ))
+                    SnapshotError::Shape(format!("device_traces[{dev}] is {}, expected a list", list.type_name()))
                 })?;
                 if entries.is_empty() {
                     continue;
@@ -446,9 +409,7 @@ pub fn read<R: Read>(
                     entries
                         .iter()
                         .map(|e| match e {
-                            Value::Custom(_, j) if (*j as usize) >= consumed => {
-                                all_events[idx(e)].clone()
-                            }
+                            Value::Custom(_, j) if (*j as usize) >= consumed => all_events[idx(e)].clone(),
                             _ => Event::new(Action::Unknown, 0, 0),
                         })
                         .collect()
@@ -488,12 +449,7 @@ pub fn read<R: Read>(
     tl.stacks = d.stacks;
     tl.strings = parsed.strings;
     fill_capture_info(&mut tl, version.time);
-    Ok(Snapshot {
-        timeline: tl,
-        format_version,
-        protocol: parsed.protocol,
-        bytes: parsed.bytes_read,
-    })
+    Ok(Snapshot { timeline: tl, format_version, protocol: parsed.protocol, bytes: parsed.bytes_read })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -508,27 +464,14 @@ fn fill_capture_info(tl: &mut Timeline, time: bool) {
     let c = &mut tl.capture;
     c.time_stamps = time;
     c.has_trace = tl.devices.iter().any(|d| !d.events.is_empty());
-    c.trace_stacks = tl
-        .devices
-        .iter()
-        .flat_map(|d| &d.events)
-        .any(|e| e.stack != EMPTY_STACK);
-    c.block_stacks = tl
-        .devices
-        .iter()
-        .flat_map(|d| &d.segments)
-        .flat_map(|s| &s.blocks)
-        .any(|b| b.stack != EMPTY_STACK);
+    c.trace_stacks = tl.devices.iter().flat_map(|d| &d.events).any(|e| e.stack != EMPTY_STACK);
+    c.block_stacks =
+        tl.devices.iter().flat_map(|d| &d.segments).flat_map(|s| &s.blocks).any(|b| b.stack != EMPTY_STACK);
     c.cpp_frames = (0..tl.stacks.frame_count() as u32).any(|f| {
         let name = tl.strings.get(tl.stacks.frame(f).filename);
         name.ends_with(".cpp") || name.ends_with(".h") || name.ends_with(".cc") || name == "??"
     });
-    c.unknown_actions = tl
-        .devices
-        .iter()
-        .flat_map(|d| &d.events)
-        .filter(|e| e.action == Action::Unknown)
-        .count();
+    c.unknown_actions = tl.devices.iter().flat_map(|d| &d.events).filter(|e| e.action == Action::Unknown).count();
 }
 
 /// Key evidence for telling versions apart (no version field exists; see the format notes §10).
@@ -608,12 +551,7 @@ impl Decoder<'_> {
         dict_get(items, key)
     }
 
-    fn u64_field(
-        &self,
-        items: &[Value],
-        key: StrId,
-        ctx: &dyn Fn() -> String,
-    ) -> Result<Option<u64>, SnapshotError> {
+    fn u64_field(&self, items: &[Value], key: StrId, ctx: &dyn Fn() -> String) -> Result<Option<u64>, SnapshotError> {
         match self.get(items, key) {
             None => Ok(None),
             Some(v) => v.as_u64().map(Some).ok_or_else(|| {
@@ -628,52 +566,30 @@ impl Decoder<'_> {
     }
 
     fn stack(&mut self, v: Option<&Value>) -> StackId {
-        v.and_then(|v| stack_of(&mut self.stacks, &mut self.frame_buf, v))
-            .unwrap_or(EMPTY_STACK)
+        v.and_then(|v| stack_of(&mut self.stacks, &mut self.frame_buf, v)).unwrap_or(EMPTY_STACK)
     }
 
-    fn need(
-        &self,
-        items: &[Value],
-        key: StrId,
-        ctx: &dyn Fn() -> String,
-    ) -> Result<u64, SnapshotError> {
-        self.u64_field(items, key, ctx)?.ok_or_else(|| {
-            SnapshotError::Shape(format!("{}: missing '{}'", ctx(), self.strings.get(key)))
-        })
+    fn need(&self, items: &[Value], key: StrId, ctx: &dyn Fn() -> String) -> Result<u64, SnapshotError> {
+        self.u64_field(items, key, ctx)?
+            .ok_or_else(|| SnapshotError::Shape(format!("{}: missing '{}'", ctx(), self.strings.get(key))))
     }
 
-    fn segments(
-        &mut self,
-        list: &[Value],
-        tl: &mut Timeline,
-        version: &mut Version,
-    ) -> Result<(), SnapshotError> {
+    fn segments(&mut self, list: &[Value], tl: &mut Timeline, version: &mut Version) -> Result<(), SnapshotError> {
         self.spend(list.len(), "segments")?;
         for (si, seg) in list.iter().enumerate() {
             let ctx = || format!("segments[{si}]");
             let items = seg.dict_items().ok_or_else(|| {
-                SnapshotError::Shape(format!(
-                    "{}: is {}, expected a segment dict",
-                    ctx(),
-                    seg.type_name()
-                ))
+                SnapshotError::Shape(format!("{}: is {}, expected a segment dict", ctx(), seg.type_name()))
             })?;
             let device = match self.get(&items, k::DEVICE) {
                 Some(v) => v.as_i64().ok_or_else(|| {
-                    SnapshotError::Shape(format!(
-                        "{}: 'device' is {}, expected an int",
-                        ctx(),
-                        v.type_name()
-                    ))
+                    SnapshotError::Shape(format!("{}: 'device' is {}, expected an int", ctx(), v.type_name()))
                 })?,
                 None => 0,
             };
             let address = self.need(&items, k::ADDRESS, &ctx)?;
             let total_size = self.need(&items, k::TOTAL_SIZE, &ctx)?;
-            let stream = self
-                .get(&items, k::STREAM)
-                .and_then(|v| v.as_u64().or(v.as_i64().map(|i| i as u64)));
+            let stream = self.get(&items, k::STREAM).and_then(|v| v.as_u64().or(v.as_i64().map(|i| i as u64)));
             let kind = match self.get(&items, k::SEGMENT_TYPE) {
                 Some(Value::Str(s)) if *s == k::SMALL => PoolKind::Small,
                 _ => PoolKind::Large,
@@ -685,10 +601,7 @@ impl Decoder<'_> {
                 }
                 None => (0, 0),
             };
-            let expandable = self
-                .get(&items, k::IS_EXPANDABLE)
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
+            let expandable = self.get(&items, k::IS_EXPANDABLE).and_then(Value::as_bool).unwrap_or(false);
             let seg_stack = self.stack(self.get(&items, k::FRAMES));
             let declared_allocated = self.u64_field(&items, k::ALLOCATED_SIZE, &ctx)?;
             let declared_active = self.u64_field(&items, k::ACTIVE_SIZE, &ctx)?;
@@ -697,11 +610,7 @@ impl Decoder<'_> {
                 .get(&items, k::BLOCKS)
                 .ok_or_else(|| SnapshotError::Shape(format!("{}: missing 'blocks'", ctx())))?;
             let blist = blocks_v.list_items().ok_or_else(|| {
-                SnapshotError::Shape(format!(
-                    "{}: 'blocks' is {}, expected a list",
-                    ctx(),
-                    blocks_v.type_name()
-                ))
+                SnapshotError::Shape(format!("{}: 'blocks' is {}, expected a list", ctx(), blocks_v.type_name()))
             })?;
             self.spend(blist.len(), "blocks")?;
             let mut blocks = Vec::with_capacity(blist.len());
@@ -709,11 +618,7 @@ impl Decoder<'_> {
             for (bi, blk) in blist.iter().enumerate() {
                 let bctx = || format!("segments[{si}].blocks[{bi}]");
                 let bitems = blk.dict_items().ok_or_else(|| {
-                    SnapshotError::Shape(format!(
-                        "{}: is {}, expected a block dict",
-                        bctx(),
-                        blk.type_name()
-                    ))
+                    SnapshotError::Shape(format!("{}: is {}, expected a block dict", bctx(), blk.type_name()))
                 })?;
                 let size = self
                     .u64_field(&bitems, k::SIZE, &bctx)?
@@ -759,13 +664,7 @@ impl Decoder<'_> {
                         }
                     }
                 }
-                blocks.push(Block {
-                    address: addr,
-                    size,
-                    requested_size,
-                    state,
-                    stack,
-                });
+                blocks.push(Block { address: addr, size, requested_size, state, stack });
             }
             tl.device_mut(device).segments.push(Segment {
                 device,
@@ -806,10 +705,7 @@ impl Decoder<'_> {
                         .chunks_exact(2)
                         .map(|kv| {
                             let kk = kv[0].as_str_id().map_or("?", |id| self.strings.get(id));
-                            format!(
-                                "{kk}: {}",
-                                kv[1].as_i64().map_or("?".into(), |i| i.to_string())
-                            )
+                            format!("{kk}: {}", kv[1].as_i64().map_or("?".into(), |i| i.to_string()))
                         })
                         .collect();
                     format!("{{{}}}", parts.join(", "))
@@ -830,9 +726,7 @@ impl Decoder<'_> {
             } else if key == k::ROUNDUP {
                 if let Some(d) = val.dict_items() {
                     for kv in d.chunks_exact(2) {
-                        let mib = kv[0]
-                            .as_str_id()
-                            .and_then(|id| self.strings.get(id).parse::<u64>().ok());
+                        let mib = kv[0].as_str_id().and_then(|id| self.strings.get(id).parse::<u64>().ok());
                         if let (Some(mib), Some(div)) = (mib, kv[1].as_u64()) {
                             s.roundup_power2_divisions.push((mib, div));
                         }
@@ -859,19 +753,10 @@ impl Decoder<'_> {
         list.iter()
             .filter_map(|a| {
                 let items = a.dict_items()?;
-                let name = self
-                    .get(&items, k::NAME)
-                    .and_then(Value::as_str_id)
-                    .unwrap_or(NO_STR);
-                let stage = self
-                    .get(&items, k::STAGE)
-                    .and_then(Value::as_str_id)
-                    .map(|s| self.strings.get(s));
+                let name = self.get(&items, k::NAME).and_then(Value::as_str_id).unwrap_or(NO_STR);
+                let stage = self.get(&items, k::STAGE).and_then(Value::as_str_id).map(|s| self.strings.get(s));
                 Some(Annotation {
-                    device: self
-                        .get(&items, k::DEVICE)
-                        .and_then(Value::as_i64)
-                        .unwrap_or(0),
+                    device: self.get(&items, k::DEVICE).and_then(Value::as_i64).unwrap_or(0),
                     time_us: self.get(&items, k::TIME_US).and_then(Value::as_i64)?,
                     name,
                     start: stage != Some("END"),
@@ -888,9 +773,6 @@ pub fn sniff(bytes: &[u8]) -> bool {
 
 impl DeviceTimeline {
     pub fn trace_stack_count(&self) -> usize {
-        self.events
-            .iter()
-            .filter(|e| e.stack != EMPTY_STACK)
-            .count()
+        self.events.iter().filter(|e| e.stack != EMPTY_STACK).count()
     }
 }

@@ -9,33 +9,36 @@ use crate::units::{bytes, duration_us};
 
 /// Escapes text for a table cell or inline prose.
 fn esc(s: &str) -> String {
-    s.replace('|', "\\|")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('*', "\\*")
-        .replace('_', "\\_")
+    s.replace('|', "\\|").replace('<', "&lt;").replace('>', "&gt;").replace('*', "\\*").replace('_', "\\_")
 }
 
 pub fn render(a: &Analysis, tl: &Timeline) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "## GPU memory report (oomdoc {})\n", a.tool_version);
     for i in &a.inputs {
-        let _ = writeln!(
-            o,
-            "- `{}` — {}, {}",
-            i.path,
-            esc(&i.format_version),
-            bytes(i.bytes)
-        );
+        let _ = writeln!(o, "- `{}` — {}, {}", i.path, esc(&i.format_version), bytes(i.bytes));
     }
     let _ = writeln!(o);
     if a.devices.is_empty() {
-        let _ = writeln!(
-            o,
-            "No GPU memory in this file: no segments and no trace events."
-        );
+        let _ = writeln!(o, "No GPU memory in this file: no segments and no trace events.");
         return o;
     }
+    if !a.findings.is_empty() {
+        let _ = writeln!(o, "### Findings\n");
+        for f in &a.findings {
+            let gpu = f.device.map_or(String::new(), |d| format!("GPU {d}: "));
+            let _ = writeln!(
+                o,
+                "- **{}** — {gpu}{} (`{}`)  \n  {}  \n  **Fix:** {}",
+                f.severity,
+                esc(&f.title),
+                f.rule,
+                esc(&f.message),
+                esc(&f.fix)
+            );
+        }
+    }
+    let _ = writeln!(o);
     let _ = writeln!(
         o,
         "| GPU | moment | OOM request | allocated | reserved | cached free | largest free block | peak allocated |"
@@ -47,31 +50,14 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
             "| {} | {} | {} | {} | {} | {} ({}) | {} | {} |",
             d.device,
             d.moment,
-            d.oom
-                .as_ref()
-                .map_or("–".into(), |x| bytes(x.requested_bytes)),
+            d.oom.as_ref().map_or("–".into(), |x| bytes(x.requested_bytes)),
             bytes(d.allocated_bytes),
             bytes(d.reserved_bytes),
             bytes(d.reserved_unallocated_bytes),
             percent(d.reserved_unallocated_bytes, d.reserved_bytes),
             bytes(d.largest_free_block_bytes),
-            d.peak
-                .as_ref()
-                .map_or("–".into(), |p| bytes(p.allocated_bytes)),
+            d.peak.as_ref().map_or("–".into(), |p| bytes(p.allocated_bytes)),
         );
-    }
-    if !a.findings.is_empty() {
-        let _ = writeln!(o, "\n### Findings\n");
-        for f in &a.findings {
-            let _ = writeln!(
-                o,
-                "- **{}** ({}): {}  \n  Fix: {}",
-                esc(&f.title),
-                f.severity,
-                esc(&f.message),
-                esc(&f.fix)
-            );
-        }
     }
     for d in &a.devices {
         device(&mut o, d, tl);
@@ -99,6 +85,16 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
         );
         let _ = writeln!(o, "Requested by `{}`.\n", oom.culprit);
     }
+    if !d.by_category.is_empty() {
+        let parts: Vec<String> = d
+            .by_category
+            .iter()
+            .map(|c| {
+                format!("{} {} ({})", c.category.replace('_', " "), bytes(c.bytes), percent(c.bytes, d.allocated_bytes))
+            })
+            .collect();
+        let _ = writeln!(o, "Live memory by kind: {}.\n", parts.join(", "));
+    }
     if !d.by_stack.is_empty() && d.allocated_bytes > 0 {
         let _ = writeln!(o, "| live bytes | share | count | allocated by |");
         let _ = writeln!(o, "|---:|---:|---:|---|");
@@ -115,21 +111,10 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
         let _ = writeln!(o);
     }
     if !d.top_allocations.is_empty() {
-        let _ = writeln!(
-            o,
-            "<details><summary>Largest live allocations ({})</summary>\n",
-            d.top_allocations.len()
-        );
+        let _ = writeln!(o, "<details><summary>Largest live allocations ({})</summary>\n", d.top_allocations.len());
         for a in &d.top_allocations {
-            let age = a
-                .age_us
-                .map_or(String::new(), |us| format!(", age {}", duration_us(us)));
-            let _ = writeln!(
-                o,
-                "**{}**{age}, {}\n",
-                bytes(a.bytes),
-                stream_name(a.stream)
-            );
+            let age = a.age_us.map_or(String::new(), |us| format!(", age {}", duration_us(us)));
+            let _ = writeln!(o, "**{}**{age}, {}\n", bytes(a.bytes), stream_name(a.stream));
             let _ = writeln!(o, "```");
             let lines = folded(tl, a.stack_id, 12);
             if lines.is_empty() {
@@ -143,22 +128,9 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
         let _ = writeln!(o, "</details>\n");
     }
     if d.trace.entries > 0 {
-        let actions: Vec<String> = d
-            .trace
-            .actions
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        let span = d
-            .trace
-            .span_us
-            .map_or(String::new(), |s| format!(" over {}", duration_us(s)));
-        let _ = writeln!(
-            o,
-            "Trace: {} events{span} ({}).\n",
-            d.trace.entries,
-            actions.join(", ")
-        );
+        let actions: Vec<String> = d.trace.actions.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let span = d.trace.span_us.map_or(String::new(), |s| format!(" over {}", duration_us(s)));
+        let _ = writeln!(o, "Trace: {} events{span} ({}).\n", d.trace.entries, actions.join(", "));
     }
     for n in &d.notes {
         let _ = writeln!(o, "> {}\n", esc(n));

@@ -56,10 +56,7 @@ pub(crate) fn percent(part: u64, whole: u64) -> String {
 /// Where in the trace a moment is: "event 1234, 12.3 s into the trace".
 pub(crate) fn when(event: Option<u32>, time_us: Option<i64>, first_time_us: Option<i64>) -> String {
     match (event, time_us.zip(first_time_us)) {
-        (Some(e), Some((t, t0))) => format!(
-            "event {e}, {} into the trace",
-            crate::units::duration_us(t - t0)
-        ),
+        (Some(e), Some((t, t0))) => format!("event {e}, {} into the trace", crate::units::duration_us(t - t0)),
         (Some(e), None) => format!("event {e}"),
         (None, _) => "before the first traced event".into(),
     }

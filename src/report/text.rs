@@ -54,20 +54,26 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
         );
     }
     if a.devices.is_empty() {
-        let _ = writeln!(
-            o,
-            "\nNo GPU memory in this file: no segments and no trace events."
-        );
+        let _ = writeln!(o, "\nNo GPU memory in this file: no segments and no trace events.");
+    }
+    if !a.findings.is_empty() {
+        let _ = writeln!(o);
+        for f in &a.findings {
+            let sev = match f.severity.as_str() {
+                "error" => st.red("error"),
+                "warning" => st.yellow("warning"),
+                other => st.cyan(other),
+            };
+            let gpu = f.device.map_or(String::new(), |d| format!("GPU {d}: "));
+            let _ = writeln!(o, "{sev} {} {}", st.bold(&format!("{gpu}{}", f.title)), st.dim(&format!("[{}]", f.rule)));
+            let _ = writeln!(o, "  {}", f.message);
+            let _ = writeln!(o, "  {} {}", st.bold("fix:"), f.fix);
+        }
+    } else if !a.devices.is_empty() {
+        let _ = writeln!(o, "\n{}", st.dim("No rule found a cause (see `oomdoc rules`); the state is below."));
     }
     for d in &a.devices {
         device(&mut o, d, tl, &st);
-    }
-    if !a.findings.is_empty() {
-        let _ = writeln!(o, "\n{}", st.bold("Findings"));
-        for f in &a.findings {
-            let _ = writeln!(o, "  [{}] {}: {}", f.severity, f.title, f.message);
-            let _ = writeln!(o, "    fix: {}", f.fix);
-        }
     }
     if let Some(s) = &a.allocator_settings {
         let conf = s.alloc_conf.as_deref().unwrap_or("");
@@ -95,18 +101,10 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
     } else {
         when(d.event_index, d.time_us, d.trace.first_time_us)
     };
-    let _ = writeln!(
-        o,
-        "\n{} {}  {}",
-        st.bold(&format!("GPU {}", d.device)),
-        moment,
-        st.dim(&format!("({place})"))
-    );
+    let _ = writeln!(o, "\n{} {}  {}", st.bold(&format!("GPU {}", d.device)), moment, st.dim(&format!("({place})")));
 
     if let Some(oom) = &d.oom {
-        let free = oom.device_free_bytes.map_or(String::new(), |f| {
-            format!("; the GPU had {} free", bytes(f))
-        });
+        let free = oom.device_free_bytes.map_or(String::new(), |f| format!("; the GPU had {} free", bytes(f)));
         let _ = writeln!(
             o,
             "  {}  needed a {} block ({} pool, {}){free}",
@@ -115,9 +113,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
             oom.pool,
             stream_name(oom.stream),
         );
-        let verdict = if oom.fits_in_cached_free
-            && oom.requested_bytes > oom.largest_free_in_pool_bytes
-        {
+        let verdict = if oom.fits_in_cached_free && oom.requested_bytes > oom.largest_free_in_pool_bytes {
             st.yellow("it would have fit if the cached free memory were one block: fragmentation")
         } else if oom.cached_free_in_pool_bytes == 0 {
             "nothing was cached free in that pool".to_string()
@@ -171,6 +167,16 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
         );
     }
 
+    if !d.by_category.is_empty() {
+        let parts: Vec<String> = d
+            .by_category
+            .iter()
+            .map(|c| {
+                format!("{} {} ({})", c.category.replace('_', " "), bytes(c.bytes), percent(c.bytes, d.allocated_bytes))
+            })
+            .collect();
+        let _ = writeln!(o, "  by kind: {}", parts.join(", "));
+    }
     if !d.by_stack.is_empty() && d.allocated_bytes > 0 {
         let _ = writeln!(o, "\n  {}", st.bold("Live memory by allocating stack"));
         for g in &d.by_stack {
@@ -187,9 +193,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
     if !d.top_allocations.is_empty() {
         let _ = writeln!(o, "\n  {}", st.bold("Largest live allocations"));
         for (i, a) in d.top_allocations.iter().enumerate() {
-            let age = a
-                .age_us
-                .map_or(String::new(), |us| format!("  age {}", duration_us(us)));
+            let age = a.age_us.map_or(String::new(), |us| format!("  age {}", duration_us(us)));
             let _ = writeln!(
                 o,
                 "  {:>10}  {}{}  {}",
@@ -201,33 +205,15 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
             // Full stacks for the top three; the rest are named by their culprit line.
             if i < 3 {
                 for (lib, line) in folded(tl, a.stack_id, 8) {
-                    let _ = writeln!(
-                        o,
-                        "              {}",
-                        if lib { st.dim(&line) } else { line }
-                    );
+                    let _ = writeln!(o, "              {}", if lib { st.dim(&line) } else { line });
                 }
             }
         }
     }
     if d.trace.entries > 0 {
-        let actions: Vec<String> = d
-            .trace
-            .actions
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        let span = d
-            .trace
-            .span_us
-            .map_or(String::new(), |s| format!(" over {}", duration_us(s)));
-        let _ = writeln!(
-            o,
-            "\n  {} {} events{span}: {}",
-            st.dim("Trace:"),
-            d.trace.entries,
-            actions.join(", ")
-        );
+        let actions: Vec<String> = d.trace.actions.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let span = d.trace.span_us.map_or(String::new(), |s| format!(" over {}", duration_us(s)));
+        let _ = writeln!(o, "\n  {} {} events{span}: {}", st.dim("Trace:"), d.trace.entries, actions.join(", "));
     }
     for n in &d.notes {
         let _ = writeln!(o, "  {} {}", st.yellow("note:"), n);

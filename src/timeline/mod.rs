@@ -60,10 +60,7 @@ impl Action {
 
     /// Actions that change no allocator state.
     pub fn is_marker(self) -> bool {
-        matches!(
-            self,
-            Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown
-        )
+        matches!(self, Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown)
     }
 }
 
@@ -268,15 +265,9 @@ impl Timeline {
         match self.devices.iter().position(|d| d.device == device) {
             Some(i) => &mut self.devices[i],
             None => {
-                self.devices.push(DeviceTimeline {
-                    device,
-                    ..Default::default()
-                });
+                self.devices.push(DeviceTimeline { device, ..Default::default() });
                 self.devices.sort_by_key(|d| d.device);
-                self.devices
-                    .iter_mut()
-                    .find(|d| d.device == device)
-                    .expect("just inserted")
+                self.devices.iter_mut().find(|d| d.device == device).expect("just inserted")
             }
         }
     }

@@ -29,20 +29,13 @@ pub struct Rules {
 
 impl Rules {
     pub fn new(settings: Option<&AllocatorSettings>, dev: &DeviceTimeline) -> Rules {
-        let expandable = settings
-            .and_then(|s| s.expandable_segments)
-            .unwrap_or(false)
+        let expandable = settings.and_then(|s| s.expandable_segments).unwrap_or(false)
             || dev.segments.iter().any(|s| s.expandable)
-            || dev
-                .events
-                .iter()
-                .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap));
+            || dev.events.iter().any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap));
         Rules {
             expandable,
             max_split_size: settings.and_then(|s| s.max_split_size),
-            divisions: settings
-                .map(|s| s.roundup_power2_divisions.clone())
-                .unwrap_or_default(),
+            divisions: settings.map(|s| s.roundup_power2_divisions.clone()).unwrap_or_default(),
         }
     }
 
@@ -60,11 +53,7 @@ impl Rules {
 
     fn divisions_for(&self, size: u64) -> u64 {
         let mib = (size >> 20).max(1);
-        self.divisions
-            .iter()
-            .rev()
-            .find(|(start, _)| *start <= mib)
-            .map_or(0, |&(_, d)| d)
+        self.divisions.iter().rev().find(|(start, _)| *start <= mib).map_or(0, |&(_, d)| d)
     }
 
     fn should_split(&self, kind: PoolKind, rounded: u64, remaining: u64) -> bool {
@@ -228,16 +217,10 @@ impl State {
     }
 
     fn segment_containing(&self, addr: u64) -> Option<u64> {
-        self.segments
-            .values()
-            .find(|s| s.addr <= addr && addr < s.addr + s.size)
-            .map(|s| s.addr)
+        self.segments.values().find(|s| s.addr <= addr && addr < s.addr + s.size).map(|s| s.addr)
     }
 
-    fn blocks_in_state(
-        &self,
-        state: BlockState,
-    ) -> impl Iterator<Item = (&SegState, u64, &LiveBlock)> {
+    fn blocks_in_state(&self, state: BlockState) -> impl Iterator<Item = (&SegState, u64, &LiveBlock)> {
         self.blocks
             .iter()
             .filter(move |(_, b)| b.state == state)
@@ -255,10 +238,7 @@ impl State {
     }
 
     pub fn largest_free_block(&self) -> u64 {
-        self.free_blocks()
-            .map(|(_, _, b)| b.size)
-            .max()
-            .unwrap_or(0)
+        self.free_blocks().map(|(_, _, b)| b.size).max().unwrap_or(0)
     }
 
     pub fn block_count(&self) -> usize {
@@ -270,10 +250,7 @@ impl State {
         match e.action {
             Action::Alloc => self.alloc(e, idx, rules),
             Action::FreeRequested => {
-                let b = self
-                    .blocks
-                    .get_mut(&e.addr)
-                    .ok_or("free_requested of an address holding no block")?;
+                let b = self.blocks.get_mut(&e.addr).ok_or("free_requested of an address holding no block")?;
                 if b.state != BlockState::ActiveAllocated {
                     return Err("free_requested of a block that is not allocated");
                 }
@@ -283,10 +260,7 @@ impl State {
                 Ok(())
             }
             Action::FreeCompleted => {
-                let b = self
-                    .blocks
-                    .get_mut(&e.addr)
-                    .ok_or("free_completed of an address holding no block")?;
+                let b = self.blocks.get_mut(&e.addr).ok_or("free_completed of an address holding no block")?;
                 let (state, size) = (b.state, b.size);
                 if state == BlockState::Inactive {
                     return Err("free_completed of a block already free");
@@ -310,10 +284,7 @@ impl State {
     pub fn unapply(&mut self, e: &Event, rules: &Rules) -> Result<(), &'static str> {
         match e.action {
             Action::Alloc => {
-                let b = self
-                    .blocks
-                    .get_mut(&e.addr)
-                    .ok_or("alloc (undone) of an address holding no block")?;
+                let b = self.blocks.get_mut(&e.addr).ok_or("alloc (undone) of an address holding no block")?;
                 let (state, size) = (b.state, b.size);
                 if state == BlockState::Inactive {
                     return Err("alloc (undone) of a free block");
@@ -326,10 +297,7 @@ impl State {
                 Ok(())
             }
             Action::FreeRequested => {
-                let b = self
-                    .blocks
-                    .get_mut(&e.addr)
-                    .ok_or("free_requested (undone) of an address holding no block")?;
+                let b = self.blocks.get_mut(&e.addr).ok_or("free_requested (undone) of an address holding no block")?;
                 if b.state != BlockState::ActivePendingFree {
                     return Err("free_requested (undone) of a block not pending");
                 }
@@ -367,23 +335,13 @@ impl State {
 
     fn alloc(&mut self, e: &Event, idx: u32, rules: &Rules) -> Result<(), &'static str> {
         let rounded = rules.round(e.size);
-        let b = self
-            .blocks
-            .get(&e.addr)
-            .ok_or("alloc not at the start of a block")?;
+        let b = self.blocks.get(&e.addr).ok_or("alloc not at the start of a block")?;
         if b.state != BlockState::Inactive {
             return Err("alloc of a block that is in use");
         }
         let (size, seg_addr) = (b.size, b.segment);
-        let seg = self
-            .segments
-            .get_mut(&seg_addr)
-            .ok_or("alloc in a block without a segment")?;
-        let kind = *seg.kind.get_or_insert(if rounded <= SMALL_SIZE {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        });
+        let seg = self.segments.get_mut(&seg_addr).ok_or("alloc in a block without a segment")?;
+        let kind = *seg.kind.get_or_insert(if rounded <= SMALL_SIZE { PoolKind::Small } else { PoolKind::Large });
         let mut taken = size;
         if rounded < size && rules.should_split(kind, rounded, size - rounded) {
             self.split(e.addr, rounded);
@@ -403,9 +361,7 @@ impl State {
 
     /// Going backward over a `free_completed`: the block existed (pending) before; cut it out of free space.
     fn carve(&mut self, e: &Event, rules: &Rules) -> Result<(), &'static str> {
-        let seg_addr = self
-            .segment_containing(e.addr)
-            .ok_or("free_completed (undone) outside every segment")?;
+        let seg_addr = self.segment_containing(e.addr).ok_or("free_completed (undone) outside every segment")?;
         let (start, free) = self
             .segment_blocks(seg_addr)
             .find(|(a, b)| *a <= e.addr && e.addr < a + b.size)
@@ -415,13 +371,11 @@ impl State {
             return Err("free_completed (undone) of memory that is in use");
         }
         let end = start + free.size;
-        let kind = self.segments[&seg_addr]
-            .kind
-            .unwrap_or(if e.size <= SMALL_SIZE {
-                PoolKind::Small
-            } else {
-                PoolKind::Large
-            });
+        let kind = self.segments[&seg_addr].kind.unwrap_or(if e.size <= SMALL_SIZE {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        });
         let mut size = rules.round(e.size).min(end - e.addr);
         if !rules.should_split(kind, size, end - e.addr - size) {
             size = end - e.addr;
@@ -486,27 +440,15 @@ impl State {
             return Err("segment allocated over an existing segment");
         }
         let kind = (!expandable && size == SMALL_BUFFER).then_some(PoolKind::Small);
-        self.segments.insert(
-            addr,
-            SegState {
-                addr,
-                size,
-                stream,
-                pool_id: pool_id.unwrap_or((0, 0)),
-                kind,
-                expandable,
-            },
-        );
+        self.segments
+            .insert(addr, SegState { addr, size, stream, pool_id: pool_id.unwrap_or((0, 0)), kind, expandable });
         self.blocks.insert(addr, LiveBlock::free(size, addr));
         self.reserved += size;
         Ok(())
     }
 
     fn remove_segment(&mut self, addr: u64) -> Result<(), &'static str> {
-        let seg = self
-            .segments
-            .remove(&addr)
-            .ok_or("segment_free of an address that starts no segment")?;
+        let seg = self.segments.remove(&addr).ok_or("segment_free of an address that starts no segment")?;
         self.reserved -= seg.size.min(self.reserved);
         let mut busy = false;
         let mut at = Some(addr);
@@ -552,24 +494,10 @@ impl State {
     }
 
     /// An expandable segment grows: the new pages join the segment that ends (or starts) where they start (end).
-    fn map(
-        &mut self,
-        addr: u64,
-        size: u64,
-        stream: u64,
-        pool_id: Option<(i64, i64)>,
-    ) -> Result<(), &'static str> {
+    fn map(&mut self, addr: u64, size: u64, stream: u64, pool_id: Option<(i64, i64)>) -> Result<(), &'static str> {
         let end = addr + size;
-        let before = self
-            .segments
-            .values()
-            .find(|s| s.expandable && s.addr + s.size == addr)
-            .map(|s| s.addr);
-        let after = self
-            .segments
-            .get(&end)
-            .filter(|s| s.expandable)
-            .map(|s| s.addr);
+        let before = self.segments.values().find(|s| s.expandable && s.addr + s.size == addr).map(|s| s.addr);
+        let after = self.segments.get(&end).filter(|s| s.expandable).map(|s| s.addr);
         self.reserved += size;
         let base = before.unwrap_or(addr);
         let mut blocks = match before {
@@ -579,14 +507,9 @@ impl State {
         blocks.push((addr, LiveBlock::free(size, base)));
         let mut seg = match before {
             Some(b) => self.segments.remove(&b).expect("found above"),
-            None => SegState {
-                addr,
-                size: 0,
-                stream,
-                pool_id: pool_id.unwrap_or((0, 0)),
-                kind: None,
-                expandable: true,
-            },
+            None => {
+                SegState { addr, size: 0, stream, pool_id: pool_id.unwrap_or((0, 0)), kind: None, expandable: true }
+            }
         };
         seg.size += size;
         if let Some(a) = after {
@@ -604,9 +527,7 @@ impl State {
     /// An expandable segment gives pages back: the range leaves the segment, which may split in two.
     fn unmap(&mut self, addr: u64, size: u64) -> Result<(), &'static str> {
         let end = addr + size;
-        let seg_addr = self
-            .segment_containing(addr)
-            .ok_or("segment_unmap outside every segment")?;
+        let seg_addr = self.segment_containing(addr).ok_or("segment_unmap outside every segment")?;
         let seg = self.segments[&seg_addr].clone();
         if end > seg.addr + seg.size {
             return Err("segment_unmap past the end of its segment");
@@ -627,46 +548,21 @@ impl State {
                     self.count(b.state, -(b.size as i128));
                 }
                 if a < addr {
-                    left.push((
-                        a,
-                        LiveBlock {
-                            size: addr - a,
-                            ..b.clone()
-                        },
-                    ));
+                    left.push((a, LiveBlock { size: addr - a, ..b.clone() }));
                 }
                 if b_end > end {
-                    right.push((
-                        end,
-                        LiveBlock {
-                            size: b_end - end,
-                            ..b
-                        },
-                    ));
+                    right.push((end, LiveBlock { size: b_end - end, ..b }));
                 }
             }
         }
         self.reserved -= size.min(self.reserved);
         let seg_end = seg.addr + seg.size;
         if addr > seg.addr {
-            self.segments.insert(
-                seg.addr,
-                SegState {
-                    size: addr - seg.addr,
-                    ..seg.clone()
-                },
-            );
+            self.segments.insert(seg.addr, SegState { size: addr - seg.addr, ..seg.clone() });
             self.put_blocks(seg.addr, left);
         }
         if seg_end > end {
-            self.segments.insert(
-                end,
-                SegState {
-                    addr: end,
-                    size: seg_end - end,
-                    ..seg
-                },
-            );
+            self.segments.insert(end, SegState { addr: end, size: seg_end - end, ..seg });
             self.put_blocks(end, right);
         }
         if busy {
@@ -685,30 +581,20 @@ impl State {
             match theirs.get(&a) {
                 None => {
                     n += 1;
-                    first.get_or_insert_with(|| {
-                        format!("segment 0x{a:x} ({} B) is not in the file", s.size)
-                    });
+                    first.get_or_insert_with(|| format!("segment 0x{a:x} ({} B) is not in the file", s.size));
                 }
                 Some(t) => {
                     if t.total_size != s.size {
                         n += 1;
                         first.get_or_insert_with(|| {
-                            format!(
-                                "segment 0x{a:x} is {} B in the replay, {} B in the file",
-                                s.size, t.total_size
-                            )
+                            format!("segment 0x{a:x} is {} B in the replay, {} B in the file", s.size, t.total_size)
                         });
                         continue;
                     }
-                    let ours: Vec<(u64, u64, BlockState)> = self
-                        .segment_blocks(a)
-                        .map(|(a, b)| (a, b.size, b.state))
-                        .collect();
-                    let file: Vec<(u64, u64, BlockState)> = t
-                        .blocks
-                        .iter()
-                        .map(|b| (b.address, b.size, b.state))
-                        .collect();
+                    let ours: Vec<(u64, u64, BlockState)> =
+                        self.segment_blocks(a).map(|(a, b)| (a, b.size, b.state)).collect();
+                    let file: Vec<(u64, u64, BlockState)> =
+                        t.blocks.iter().map(|b| (b.address, b.size, b.state)).collect();
                     if ours != file {
                         n += 1;
                         let at = ours.iter().zip(&file).find(|(x, y)| x != y);
@@ -731,18 +617,10 @@ impl State {
         for (a, t) in &theirs {
             if !self.segments.contains_key(a) {
                 n += 1;
-                first.get_or_insert_with(|| {
-                    format!("segment 0x{a:x} ({} B) is in the file only", t.total_size)
-                });
+                first.get_or_insert_with(|| format!("segment 0x{a:x} ({} B) is in the file only", t.total_size));
             }
         }
-        first.map(|f| {
-            if n > 1 {
-                format!("{f} (and {} more segments differ)", n - 1)
-            } else {
-                f
-            }
-        })
+        first.map(|f| if n > 1 { format!("{f} (and {} more segments differ)", n - 1) } else { f })
     }
 }
 
@@ -759,9 +637,7 @@ pub struct Completeness {
 
 impl Completeness {
     pub fn complete(&self) -> bool {
-        self.frees_without_alloc == 0
-            && self.live_without_alloc == 0
-            && self.segments_without_alloc == 0
+        self.frees_without_alloc == 0 && self.live_without_alloc == 0 && self.segments_without_alloc == 0
     }
 }
 
@@ -817,6 +693,8 @@ pub struct Replay<'t> {
     pub peak_reserved: (u64, Option<u32>),
     /// How the replayed end differs from the file's final segments; `None` when it lands exactly.
     pub end_mismatch: Option<String>,
+    /// Allocated bytes right after each event.
+    pub allocated_series: Vec<u64>,
 }
 
 struct Pass {
@@ -825,6 +703,7 @@ struct Pass {
     peak_allocated: (u64, Option<u32>),
     peak_reserved: (u64, Option<u32>),
     end: State,
+    allocated_series: Vec<u64>,
 }
 
 fn forward(events: &[Event], start: State, rules: &Rules) -> Pass {
@@ -833,15 +712,13 @@ fn forward(events: &[Event], start: State, rules: &Rules) -> Pass {
     let mut anomalies = Vec::new();
     let mut peak_allocated = (st.allocated, None);
     let mut peak_reserved = (st.reserved, None);
+    let mut allocated_series = Vec::with_capacity(events.len());
     for (i, e) in events.iter().enumerate() {
         if i % CHECKPOINT_EVERY == 0 {
             checkpoints.push(st.clone());
         }
         if let Err(what) = st.apply(e, i as u32, rules) {
-            anomalies.push(Anomaly {
-                event: i as u32,
-                what,
-            });
+            anomalies.push(Anomaly { event: i as u32, what });
         }
         if st.allocated > peak_allocated.0 {
             peak_allocated = (st.allocated, Some(i as u32));
@@ -849,17 +726,12 @@ fn forward(events: &[Event], start: State, rules: &Rules) -> Pass {
         if st.reserved > peak_reserved.0 {
             peak_reserved = (st.reserved, Some(i as u32));
         }
+        allocated_series.push(st.allocated);
     }
     if checkpoints.is_empty() {
         checkpoints.push(st.clone());
     }
-    Pass {
-        checkpoints,
-        anomalies,
-        peak_allocated,
-        peak_reserved,
-        end: st,
-    }
+    Pass { checkpoints, anomalies, peak_allocated, peak_reserved, end: st, allocated_series }
 }
 
 impl<'t> Replay<'t> {
@@ -867,11 +739,7 @@ impl<'t> Replay<'t> {
         let rules = Rules::new(settings, dev);
         // Most traces with a history start from an empty device: try that first, it needs no extra pass.
         let mut pass = forward(&dev.events, State::default(), &rules);
-        let mut end_mismatch = if dev.events.is_empty() {
-            None
-        } else {
-            pass.end.diff(&dev.segments)
-        };
+        let mut end_mismatch = if dev.events.is_empty() { None } else { pass.end.diff(&dev.segments) };
         let mut completeness = Completeness::default();
         if !dev.events.is_empty() && (!pass.anomalies.is_empty() || end_mismatch.is_some()) {
             completeness = self::completeness(dev);
@@ -881,10 +749,7 @@ impl<'t> Replay<'t> {
                 let mut undo_anomalies = Vec::new();
                 for (i, e) in dev.events.iter().enumerate().rev() {
                     if let Err(what) = st.unapply(e, &rules) {
-                        undo_anomalies.push(Anomaly {
-                            event: i as u32,
-                            what,
-                        });
+                        undo_anomalies.push(Anomaly { event: i as u32, what });
                     }
                 }
                 pass = forward(&dev.events, st, &rules);
@@ -904,6 +769,7 @@ impl<'t> Replay<'t> {
             peak_allocated: pass.peak_allocated,
             peak_reserved: pass.peak_reserved,
             end_mismatch,
+            allocated_series: pass.allocated_series,
         }
     }
 
@@ -962,10 +828,7 @@ mod tests {
         assert_eq!(r.round(1), 512);
         assert_eq!(r.round(512), 512);
         assert_eq!(r.round(513), 1024);
-        let r = Rules {
-            divisions: vec![(1, 4)],
-            ..Rules::default()
-        };
+        let r = Rules { divisions: vec![(1, 4)], ..Rules::default() };
         // 5 MiB + 1 with 4 divisions between 4 MiB and 8 MiB rounds up to 6 MiB.
         assert_eq!(r.round((5 << 20) + 1), 6 << 20);
         assert_eq!(r.round(4 << 20), 4 << 20);
@@ -980,47 +843,36 @@ mod tests {
         let r = Rules::default();
         let mut st = State::default();
         let a = 0x1000_0000;
-        st.apply(&ev(Action::SegmentAlloc, a, 20 << 20), 0, &r)
-            .unwrap();
+        st.apply(&ev(Action::SegmentAlloc, a, 20 << 20), 0, &r).unwrap();
         // Large pool: 19.5 MiB left > 1 MiB, so it splits.
-        st.apply(&ev(Action::Alloc, a, (1 << 20) + 100), 1, &r)
-            .unwrap();
+        st.apply(&ev(Action::Alloc, a, (1 << 20) + 100), 1, &r).unwrap();
         assert_eq!(st.allocated, (1 << 20) + 512);
         // Next request leaves 0.9 MiB: no split, the block keeps the remainder.
         let next = a + (1 << 20) + 512;
         let rest = (20 << 20) - (1 << 20) - 512;
-        st.apply(&ev(Action::Alloc, next, rest - 900_000), 2, &r)
-            .unwrap();
+        st.apply(&ev(Action::Alloc, next, rest - 900_000), 2, &r).unwrap();
         assert_eq!(st.allocated, 20 << 20);
         st.apply(&ev(Action::FreeRequested, a, 0), 3, &r).unwrap();
         st.apply(&ev(Action::FreeCompleted, a, 0), 4, &r).unwrap();
-        st.apply(&ev(Action::FreeCompleted, next, 0), 5, &r)
-            .unwrap();
+        st.apply(&ev(Action::FreeCompleted, next, 0), 5, &r).unwrap();
         assert_eq!(st.allocated, 0);
         assert_eq!(st.largest_free_block(), 20 << 20);
         assert_eq!(st.block_count(), 1);
-        st.apply(&ev(Action::SegmentFree, a, 20 << 20), 6, &r)
-            .unwrap();
+        st.apply(&ev(Action::SegmentFree, a, 20 << 20), 6, &r).unwrap();
         assert_eq!(st.reserved, 0);
     }
 
     #[test]
     fn expandable_map_and_unmap() {
-        let r = Rules {
-            expandable: true,
-            ..Rules::default()
-        };
+        let r = Rules { expandable: true, ..Rules::default() };
         let mut st = State::default();
         let a = 0x7000_0000;
-        st.apply(&ev(Action::SegmentMap, a, 2 << 20), 0, &r)
-            .unwrap();
-        st.apply(&ev(Action::SegmentMap, a + (2 << 20), 4 << 20), 1, &r)
-            .unwrap();
+        st.apply(&ev(Action::SegmentMap, a, 2 << 20), 0, &r).unwrap();
+        st.apply(&ev(Action::SegmentMap, a + (2 << 20), 4 << 20), 1, &r).unwrap();
         assert_eq!(st.segments.len(), 1);
         assert_eq!(st.largest_free_block(), 6 << 20);
         st.apply(&ev(Action::Alloc, a, 1 << 20), 2, &r).unwrap();
-        st.apply(&ev(Action::SegmentUnmap, a + (4 << 20), 2 << 20), 3, &r)
-            .unwrap();
+        st.apply(&ev(Action::SegmentUnmap, a + (4 << 20), 2 << 20), 3, &r).unwrap();
         assert_eq!(st.reserved, 4 << 20);
         assert_eq!(st.largest_free_block(), 3 << 20);
     }

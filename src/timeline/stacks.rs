@@ -68,10 +68,7 @@ impl Default for Stacks {
     fn default() -> Self {
         let mut stacks = IndexSet::default();
         stacks.insert(Box::from([]));
-        Stacks {
-            frames: IndexSet::default(),
-            stacks,
-        }
+        Stacks { frames: IndexSet::default(), stacks }
     }
 }
 

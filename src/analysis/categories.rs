@@ -1,0 +1,125 @@
+//! Sorts allocations into what they are for — parameter, gradient, optimizer state, activation, KV cache,
+//! communication, compile — by the frames of the stack that allocated them. The patterns are data
+//! (`rules/categories.toml`, extendable with `--rules DIR`); the first matching pattern, by priority, wins.
+
+use regex::Regex;
+use rustc_hash::FxHashMap;
+use serde::Deserialize;
+
+use crate::timeline::stacks::{StackId, EMPTY_STACK};
+use crate::timeline::Timeline;
+
+/// Every category a pattern may name, in report order.
+pub const CATEGORIES: [&str; 9] = [
+    "parameter",
+    "gradient",
+    "optimizer_state",
+    "activation",
+    "temporary",
+    "kv_cache",
+    "communication",
+    "compile",
+    "unknown",
+];
+
+#[derive(Deserialize)]
+struct File {
+    #[serde(rename = "category", default)]
+    patterns: Vec<RawPattern>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPattern {
+    name: String,
+    #[serde(default)]
+    priority: i64,
+    file: Option<String>,
+    function: Option<String>,
+}
+
+struct Pattern {
+    name: &'static str,
+    priority: i64,
+    file: Option<Regex>,
+    function: Option<Regex>,
+}
+
+/// Compiled category patterns.
+pub struct Categorizer {
+    patterns: Vec<Pattern>,
+}
+
+impl Categorizer {
+    /// Compiles pattern files; later files' patterns are tried before earlier ones at equal priority.
+    pub fn new(sources: &[(&str, &str)]) -> Result<Categorizer, String> {
+        let mut patterns = Vec::new();
+        for (idx, (path, text)) in sources.iter().enumerate() {
+            let f: File = toml::from_str(text).map_err(|e| format!("{path}: {}", e.message().trim()))?;
+            for p in f.patterns {
+                let name = CATEGORIES.iter().find(|c| **c == p.name).ok_or_else(|| {
+                    format!("{path}: unknown category {:?} (expected one of {})", p.name, CATEGORIES.join(", "))
+                })?;
+                let re = |s: &Option<String>| -> Result<Option<Regex>, String> {
+                    s.as_deref().map(|s| Regex::new(s).map_err(|e| format!("{path}: {e}"))).transpose()
+                };
+                if p.file.is_none() && p.function.is_none() {
+                    return Err(format!("{path}: a pattern for {:?} needs 'file' or 'function'", p.name));
+                }
+                patterns.push((
+                    idx,
+                    Pattern { name, priority: p.priority, file: re(&p.file)?, function: re(&p.function)? },
+                ));
+            }
+        }
+        patterns.sort_by(|(ia, a), (ib, b)| b.priority.cmp(&a.priority).then(ib.cmp(ia)));
+        Ok(Categorizer { patterns: patterns.into_iter().map(|(_, p)| p).collect() })
+    }
+
+    pub fn builtin() -> Categorizer {
+        Categorizer::new(&[("rules/categories.toml", crate::rules::builtin_categories())])
+            .expect("built-in categories compile")
+    }
+
+    /// The category of a stack: the first pattern (by priority) that any of its frames matches.
+    pub fn classify(&self, tl: &Timeline, stack: StackId) -> &'static str {
+        if stack == EMPTY_STACK {
+            return "unknown";
+        }
+        let frames: Vec<(&str, &str)> = tl
+            .stacks
+            .stack(stack)
+            .iter()
+            .map(|&f| {
+                let f = tl.stacks.frame(f);
+                (tl.strings.get(f.filename), tl.strings.get(f.name))
+            })
+            .collect();
+        for p in &self.patterns {
+            let hit = frames.iter().any(|(file, func)| {
+                p.file.as_ref().is_none_or(|r| r.is_match(file)) && p.function.as_ref().is_none_or(|r| r.is_match(func))
+            });
+            if hit {
+                return p.name;
+            }
+        }
+        "unknown"
+    }
+}
+
+/// Memoises `classify` per stack: a trace repeats a few thousand stacks a million times.
+pub struct CategoryCache<'a> {
+    cat: &'a Categorizer,
+    tl: &'a Timeline,
+    memo: FxHashMap<StackId, &'static str>,
+}
+
+impl<'a> CategoryCache<'a> {
+    pub fn new(cat: &'a Categorizer, tl: &'a Timeline) -> Self {
+        CategoryCache { cat, tl, memo: FxHashMap::default() }
+    }
+
+    pub fn of(&mut self, stack: StackId) -> &'static str {
+        self.memo.entry(stack).or_insert_with(|| self.cat.classify(self.tl, stack))
+    }
+}

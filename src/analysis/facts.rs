@@ -1,0 +1,630 @@
+//! Facts: named, typed values derived from one device's timeline, which rules test (`oomdoc facts FILE` prints
+//! them). A fact that the input cannot support is absent, never guessed: rules then stay silent.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+
+use super::categories::{CategoryCache, CATEGORIES};
+use super::{user_chain, DeviceReport};
+use crate::rules::expr::Val;
+use crate::timeline::replay::Replay;
+use crate::timeline::stacks::{StackId, EMPTY_STACK};
+use crate::timeline::{Action, DeviceTimeline, Timeline, NO_STR};
+use crate::units::{bytes, duration_us};
+
+/// How a fact's number reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    Bytes,
+    Ratio,
+    Count,
+    Micros,
+    Plain,
+}
+
+#[derive(Clone, Debug)]
+pub struct Fact {
+    pub value: Val,
+    pub unit: Unit,
+    pub doc: &'static str,
+}
+
+impl Fact {
+    /// Formats for a message: `fmt` is "", "bytes", "pct", "count", "num" or "s".
+    pub fn display(&self, fmt: &str) -> String {
+        match (&self.value, fmt) {
+            (Val::Num(n), "bytes") => bytes(n.max(0.0) as u64),
+            (Val::Num(n), "pct") => format!("{:.0}%", n * 100.0),
+            (Val::Num(n), "count") => format!("{}", n.round() as i64),
+            (Val::Num(n), "s") => duration_us(*n as i64),
+            (Val::Num(n), "num") => fmt_num(*n),
+            (Val::Num(n), _) => match self.unit {
+                Unit::Bytes => bytes(n.max(0.0) as u64),
+                Unit::Ratio => format!("{:.0}%", n * 100.0),
+                Unit::Count => format!("{}", n.round() as i64),
+                Unit::Micros => duration_us(*n as i64),
+                Unit::Plain => fmt_num(*n),
+            },
+            (Val::Bool(b), _) => b.to_string(),
+            (Val::Str(s), _) => s.clone(),
+            (Val::Missing, _) => "(unknown)".into(),
+        }
+    }
+}
+
+fn fmt_num(n: f64) -> String {
+    if n.fract() == 0.0 && n.abs() < 1e15 {
+        format!("{}", n as i64)
+    } else {
+        format!("{n:.2}")
+    }
+}
+
+/// Every fact of one device, by name.
+#[derive(Clone, Debug, Default)]
+pub struct Facts {
+    map: BTreeMap<String, Fact>,
+}
+
+impl Facts {
+    pub fn get(&self, name: &str) -> Option<&Fact> {
+        self.map.get(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Fact)> {
+        self.map.iter()
+    }
+
+    fn num(&mut self, name: &str, v: impl Into<f64>, unit: Unit, doc: &'static str) {
+        self.map.insert(name.to_string(), Fact { value: Val::Num(v.into()), unit, doc });
+    }
+
+    fn opt(&mut self, name: &str, v: Option<impl Into<f64>>, unit: Unit, doc: &'static str) {
+        if let Some(v) = v {
+            self.num(name, v, unit, doc);
+        }
+    }
+
+    fn flag(&mut self, name: &str, v: bool, doc: &'static str) {
+        self.map.insert(name.to_string(), Fact { value: Val::Bool(v), unit: Unit::Plain, doc });
+    }
+
+    fn text(&mut self, name: &str, v: impl Into<String>, doc: &'static str) {
+        self.map.insert(name.to_string(), Fact { value: Val::Str(v.into()), unit: Unit::Plain, doc });
+    }
+}
+
+/// What facts need besides the timeline.
+pub struct Context<'a> {
+    pub tl: &'a Timeline,
+    pub dev: &'a DeviceTimeline,
+    pub replay: &'a Replay<'a>,
+    pub report: &'a DeviceReport,
+    /// The GPU's capacity, when the user gave it.
+    pub gpu_memory: Option<u64>,
+}
+
+/// Computes every fact for one device.
+pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
+    let mut f = Facts::default();
+    let r = cx.report;
+    let events = &cx.dev.events;
+    f.text("moment", r.moment, "which moment the state facts describe: oom, peak, end or time");
+    f.num("allocated_bytes", r.allocated_bytes as f64, Unit::Bytes, "bytes held by tensors at the moment");
+    f.num("reserved_bytes", r.reserved_bytes as f64, Unit::Bytes, "bytes PyTorch's cache holds from the driver");
+    f.num("active_bytes", r.active_bytes as f64, Unit::Bytes, "allocated plus freed-but-pending bytes");
+    f.num(
+        "reserved_unallocated_bytes",
+        r.reserved_unallocated_bytes as f64,
+        Unit::Bytes,
+        "reserved but not allocated to a tensor",
+    );
+    if r.reserved_bytes > 0 {
+        f.num(
+            "reserved_unallocated_ratio",
+            r.reserved_unallocated_bytes as f64 / r.reserved_bytes as f64,
+            Unit::Ratio,
+            "share of reserved bytes not allocated",
+        );
+    }
+    f.num("largest_free_block_bytes", r.largest_free_block_bytes as f64, Unit::Bytes, "largest cached free block");
+    f.num(
+        "cache.free_bytes",
+        r.reserved_bytes.saturating_sub(r.active_bytes) as f64,
+        Unit::Bytes,
+        "free bytes in PyTorch's cache (all pools)",
+    );
+    f.num(
+        "cache.largest_free_block_bytes",
+        r.largest_free_block_bytes as f64,
+        Unit::Bytes,
+        "same as largest_free_block_bytes",
+    );
+    f.num("segments", r.segments as f64, Unit::Count, "segments at the moment");
+
+    // The OOM.
+    f.flag("oom.present", r.oom.is_some(), "the trace holds an OOM and the moment is the (last) OOM");
+    f.num("oom.count", r.oom_count as f64, Unit::Count, "OOM events in the trace");
+    if let Some(o) = &r.oom {
+        f.num("oom.requested_bytes", o.requested_bytes as f64, Unit::Bytes, "block size the allocator could not find");
+        f.opt(
+            "oom.device_free_bytes",
+            o.device_free_bytes.map(|b| b as f64),
+            Unit::Bytes,
+            "driver-reported free bytes",
+        );
+        f.num(
+            "oom.pool_free_bytes",
+            o.cached_free_in_pool_bytes as f64,
+            Unit::Bytes,
+            "free bytes cached in the request's pool and stream",
+        );
+        f.num(
+            "oom.pool_largest_free_block_bytes",
+            o.largest_free_in_pool_bytes as f64,
+            Unit::Bytes,
+            "largest free block in the request's pool and stream",
+        );
+        f.text("oom.where", o.culprit.clone(), "who made the failing request");
+    }
+    if let Some(p) = &r.peak {
+        f.num("peak.allocated_bytes", p.allocated_bytes as f64, Unit::Bytes, "highest allocated bytes in the trace");
+        f.num("peak.reserved_bytes", p.reserved_bytes as f64, Unit::Bytes, "highest reserved bytes in the trace");
+    }
+    f.num("trace.entries", events.len() as f64, Unit::Count, "trace events on this device");
+    f.flag("trace.complete", r.trace.complete, "the trace reaches back to an empty allocator");
+    if let Some(span) = r.trace.span_us {
+        f.num("trace.span_us", span as f64, Unit::Micros, "time from the first to the last event");
+    }
+
+    // Allocator settings.
+    let settings = cx.tl.settings.as_ref();
+    let expandable = settings.and_then(|s| s.expandable_segments);
+    if let Some(e) = expandable {
+        f.flag("settings.expandable_segments", e, "expandable_segments as the file records it (torch ≥ 2.3)");
+    }
+    f.flag(
+        "settings.expandable_segments_on",
+        expandable == Some(true) || cx.replay.rules.expandable,
+        "expandable segments were in use (from the settings or the segments themselves)",
+    );
+    if let Some(m) = settings.and_then(|s| s.max_split_size) {
+        f.num("settings.max_split_size_bytes", m as f64, Unit::Bytes, "max_split_size_mb, in bytes");
+    }
+
+    // Live memory by category, at the moment.
+    let mut by_cat: FxHashMap<&'static str, (u64, usize)> = FxHashMap::default();
+    let state = if events.is_empty() {
+        crate::timeline::replay::State::from_segments(&cx.dev.segments)
+    } else {
+        cx.replay.state_at(r.event_index)
+    };
+    for (_, _, b) in state.allocated_blocks() {
+        let e = by_cat.entry(cats.of(b.stack)).or_default();
+        e.0 += b.size;
+        e.1 += 1;
+    }
+    for c in CATEGORIES {
+        let (b, n) = by_cat.get(c).copied().unwrap_or_default();
+        f.num(&format!("live.{c}_bytes"), b as f64, Unit::Bytes, "live bytes in this category at the moment");
+        f.num(&format!("live.{c}_count"), n as f64, Unit::Count, "live allocations in this category");
+        if r.allocated_bytes > 0 {
+            f.num(&format!("live.{c}_share"), b as f64 / r.allocated_bytes as f64, Unit::Ratio, "share of allocated");
+        }
+    }
+    let known = r.allocated_bytes - by_cat.get("unknown").map_or(0, |x| x.0);
+    f.num("live.categorized_bytes", known as f64, Unit::Bytes, "live bytes whose category is known");
+
+    // Largest live allocation.
+    if let Some(top) = r.top_allocations.first() {
+        f.num("largest.bytes", top.bytes as f64, Unit::Bytes, "the largest live allocation at the moment");
+        let base = cx.gpu_memory.unwrap_or(r.reserved_bytes);
+        if base > 0 {
+            f.num(
+                "largest.share",
+                top.bytes as f64 / base as f64,
+                Unit::Ratio,
+                "its share of the GPU (--gpu-memory) or, without it, of reserved bytes",
+            );
+        }
+        f.flag(
+            "largest.attention",
+            stack_matches(cx.tl, top.stack_id, is_attention_frame),
+            "allocated in attention code",
+        );
+        f.text("largest.where", user_chain(cx.tl, top.stack_id, 3), "who allocated it");
+        f.text("largest.category", cats.of(top.stack_id), "its category");
+    }
+
+    // Memory outside PyTorch.
+    if let Some(total) = cx.gpu_memory {
+        f.num("gpu.total_bytes", total as f64, Unit::Bytes, "the GPU's capacity (--gpu-memory)");
+        if let Some(free) = r.oom.as_ref().and_then(|o| o.device_free_bytes) {
+            let other = total.saturating_sub(free).saturating_sub(r.reserved_bytes);
+            f.num(
+                "nonpytorch_bytes",
+                other as f64,
+                Unit::Bytes,
+                "GPU memory in use outside PyTorch's cache at the OOM",
+            );
+            f.num("nonpytorch_share", other as f64 / total as f64, Unit::Ratio, "its share of the GPU");
+        }
+    }
+    f.flag(
+        "nccl.seen",
+        events.iter().any(|e| e.stack != EMPTY_STACK && cats.of(e.stack) == "communication")
+            || cx.dev.segments.iter().any(|s| cats.of(s.stack) == "communication"),
+        "NCCL / c10d frames appear in the file",
+    );
+
+    if events.is_empty() {
+        return f;
+    }
+    segment_facts(&mut f, events);
+    let steps = optimizer_steps(cx, cats);
+    f.num("iter.count", steps.len() as f64, Unit::Count, "optimizer steps seen (clusters of torch.optim allocations)");
+    iteration_peaks(&mut f, cx, &steps);
+    leak_facts(&mut f, cx, cats, &steps);
+    ddp_facts(&mut f, cx, cats, &steps);
+    kv_facts(&mut f, cx, cats);
+    compile_facts(&mut f, cx, cats);
+    f
+}
+
+fn stack_matches(tl: &Timeline, stack: StackId, pred: fn(&str, &str) -> bool) -> bool {
+    tl.stacks.stack(stack).iter().any(|&id| {
+        let fr = tl.stacks.frame(id);
+        pred(tl.strings.get(fr.filename), tl.strings.get(fr.name))
+    })
+}
+
+fn is_attention_frame(file: &str, name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    ["softmax", "matmul", "bmm", "baddbmm", "einsum", "attention", "attn", "scaled_dot_product"]
+        .iter()
+        .any(|k| n.contains(k))
+        || file.to_ascii_lowercase().contains("attention")
+}
+
+fn segment_facts(f: &mut Facts, events: &[crate::timeline::Event]) {
+    let count = |a: Action| events.iter().filter(|e| e.action == a).count() as f64;
+    let (alloc, free) = (count(Action::SegmentAlloc), count(Action::SegmentFree));
+    f.num("segments.alloc_events", alloc, Unit::Count, "cudaMalloc calls (segment_alloc) in the trace");
+    f.num("segments.free_events", free, Unit::Count, "cudaFree calls (segment_free) in the trace");
+    let freed: u64 = events.iter().filter(|e| e.action == Action::SegmentFree).map(|e| e.size).sum();
+    f.num("segments.freed_bytes", freed as f64, Unit::Bytes, "bytes given back to the driver in the trace");
+    let span = events.len().max(1) as f64;
+    f.num("segments.free_events_per_1k", free * 1000.0 / span, Unit::Plain, "segment_free per 1000 events");
+}
+
+/// Ends of optimizer steps: the last event of each run of allocations made under `torch.optim` (or another
+/// optimizer's `step`), the natural boundary between training iterations.
+fn optimizer_steps(cx: &Context, cats: &mut CategoryCache) -> Vec<usize> {
+    let mut ends = Vec::new();
+    let mut in_step = false;
+    let mut last = 0;
+    for (i, e) in cx.dev.events.iter().enumerate() {
+        if e.action != Action::Alloc {
+            continue;
+        }
+        let opt = e.stack != EMPTY_STACK && cats.of(e.stack) == "optimizer_state";
+        if opt {
+            in_step = true;
+            last = i;
+        } else if in_step {
+            ends.push(last);
+            in_step = false;
+        }
+    }
+    if in_step {
+        ends.push(last);
+    }
+    ends
+}
+
+fn iteration_peaks(f: &mut Facts, cx: &Context, steps: &[usize]) {
+    let series = &cx.replay.allocated_series;
+    if steps.len() < 2 || series.is_empty() {
+        return;
+    }
+    let mut peaks = Vec::new();
+    let mut start = 0;
+    for &end in steps {
+        if end >= start {
+            peaks.push(series[start..=end.min(series.len() - 1)].iter().copied().max().unwrap_or(0));
+        }
+        start = end + 1;
+    }
+    let first = peaks[0];
+    let last = *peaks.last().expect("non-empty");
+    f.num("iter.first_peak_bytes", first as f64, Unit::Bytes, "peak allocated bytes of the first iteration");
+    f.num("iter.last_peak_bytes", last as f64, Unit::Bytes, "peak allocated bytes of the last whole iteration");
+    f.num(
+        "iter.max_peak_bytes",
+        peaks.iter().copied().max().unwrap_or(0) as f64,
+        Unit::Bytes,
+        "highest per-iteration peak",
+    );
+}
+
+/// Live bytes and counts per stack at chosen event indices (requested sizes; a block's rounding does not matter
+/// for growth).
+fn live_per_stack_at(
+    cx: &Context,
+    marks: &[usize],
+    keep: &mut dyn FnMut(StackId) -> bool,
+) -> Vec<FxHashMap<StackId, (u64, u32)>> {
+    let mut live: FxHashMap<u64, (StackId, u64)> = FxHashMap::default();
+    let mut per: FxHashMap<StackId, (u64, u32)> = FxHashMap::default();
+    let mut out = Vec::with_capacity(marks.len());
+    let mut next = 0;
+    for (i, e) in cx.dev.events.iter().enumerate() {
+        match e.action {
+            Action::Alloc if e.stack != EMPTY_STACK && keep(e.stack) => {
+                if let Some((s, b)) = live.insert(e.addr, (e.stack, e.size)) {
+                    let p = per.entry(s).or_default();
+                    p.0 = p.0.saturating_sub(b);
+                    p.1 = p.1.saturating_sub(1);
+                }
+                let p = per.entry(e.stack).or_default();
+                p.0 += e.size;
+                p.1 += 1;
+            }
+            Action::FreeCompleted | Action::FreeRequested => {
+                if let Some((s, b)) = live.remove(&e.addr) {
+                    let p = per.entry(s).or_default();
+                    p.0 = p.0.saturating_sub(b);
+                    p.1 = p.1.saturating_sub(1);
+                }
+            }
+            _ => {}
+        }
+        while next < marks.len() && marks[next] == i {
+            out.push(per.iter().filter(|(_, v)| v.1 > 0).map(|(k, v)| (*k, *v)).collect());
+            next += 1;
+        }
+    }
+    while out.len() < marks.len() {
+        out.push(per.iter().filter(|(_, v)| v.1 > 0).map(|(k, v)| (*k, *v)).collect());
+    }
+    out
+}
+
+/// Evenly spaced event indices (at most `n`), ending at `last`.
+fn even_marks(last: usize, n: usize) -> Vec<usize> {
+    let n = n.min(last + 1).max(1);
+    (1..=n).map(|k| (last + 1) * k / n - 1).collect()
+}
+
+/// Counts rise-and-fall cycles of a series: falls from a local high by at least a fifth of the series' range.
+fn allocation_cycles(series: &[u64]) -> usize {
+    let (Some(&lo), Some(&hi)) = (series.iter().min(), series.iter().max()) else { return 0 };
+    let range = hi - lo;
+    if range == 0 {
+        return 0;
+    }
+    let threshold = range / 5;
+    let (mut cycles, mut high, mut low) = (0, series[0], series[0]);
+    let mut falling = false;
+    for &v in series {
+        if !falling {
+            high = high.max(v);
+            if high - v >= threshold {
+                falling = true;
+                low = v;
+                cycles += 1;
+            }
+        } else {
+            low = low.min(v);
+            if v - low >= threshold {
+                falling = false;
+                high = v;
+            }
+        }
+    }
+    cycles
+}
+
+/// leaked-references: one stack whose live allocations keep accumulating across iterations.
+fn leak_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache, steps: &[usize]) {
+    let last = cx.report.event_index.map_or(cx.dev.events.len() - 1, |i| i as usize);
+    // Iteration boundaries if the trace shows optimizer steps, else evenly spaced points.
+    let cycles = allocation_cycles(&cx.replay.allocated_series[..=last.min(cx.replay.allocated_series.len() - 1)]);
+    f.num("trace.cycles", cycles as f64, Unit::Count, "rise-and-fall cycles of allocated memory (repeated work)");
+    // Growth means something only across repeated work: iterations at the optimizer's steps, or else a trace
+    // whose allocated memory visibly rises and falls again and again (one training step also accumulates
+    // gradients steadily — that is not a leak).
+    let (marks, per_iteration) = if steps.len() >= 3 {
+        let mut m: Vec<usize> = steps.iter().copied().filter(|&s| s <= last).collect();
+        m.push(last);
+        m.dedup();
+        (m, true)
+    } else if cycles >= 4 {
+        (even_marks(last, 16), false)
+    } else {
+        return;
+    };
+    if marks.len() < 4 {
+        return;
+    }
+    let mut keep = |s: StackId| !matches!(cats.of(s), "kv_cache" | "parameter" | "optimizer_state" | "compile");
+    let snaps = live_per_stack_at(cx, &marks, &mut keep);
+    // Score each stack alive at the end: how steadily its live count rose from boundary to boundary.
+    let end = snaps.last().expect("marks non-empty");
+    let mut best: Option<(StackId, f64, u64, u32, f64)> = None;
+    for (&stack, &(end_bytes, end_count)) in end {
+        let counts: Vec<u32> = snaps.iter().map(|s| s.get(&stack).map_or(0, |v| v.1)).collect();
+        let bytes_at: Vec<u64> = snaps.iter().map(|s| s.get(&stack).map_or(0, |v| v.0)).collect();
+        let Some(first) = counts.iter().position(|&c| c > 0) else { continue };
+        let steps_seen = counts.len() - first - 1;
+        if steps_seen < 3 {
+            continue;
+        }
+        let rises = counts[first..].windows(2).filter(|w| w[1] > w[0]).count();
+        let falls = counts[first..].windows(2).filter(|w| w[1] < w[0]).count();
+        let rising = rises as f64 / steps_seen as f64;
+        if falls > 0 {
+            continue;
+        }
+        let growth = (end_bytes as f64 - bytes_at[first] as f64) / steps_seen as f64;
+        if best.as_ref().is_none_or(|b| growth * rising > b.1 * b.4) {
+            best = Some((stack, growth, end_bytes, end_count, rising));
+        }
+    }
+    if let Some((stack, growth, live_bytes, live_count, rising)) = best {
+        let doc_growth = if per_iteration {
+            "bytes the stack's live set grows per iteration (between optimizer steps)"
+        } else {
+            "bytes the stack's live set grows per sixteenth of the trace (no optimizer steps seen)"
+        };
+        f.num("leak.growth_per_interval_bytes", growth, Unit::Bytes, doc_growth);
+        f.num("leak.live_bytes", live_bytes as f64, Unit::Bytes, "live bytes of the accumulating stack at the moment");
+        f.num("leak.live_count", live_count as f64, Unit::Count, "its live allocations at the moment");
+        f.num("leak.rising_fraction", rising, Unit::Ratio, "share of intervals in which its live count rose");
+        f.num("leak.intervals", (marks.len() - 1) as f64, Unit::Count, "intervals observed");
+        f.flag("leak.per_iteration", per_iteration, "intervals are training iterations");
+        f.text("leak.where", user_chain(cx.tl, stack, 4), "the accumulating stack");
+        if cx.report.allocated_bytes > 0 {
+            f.num(
+                "leak.share",
+                live_bytes as f64 / cx.report.allocated_bytes as f64,
+                Unit::Ratio,
+                "its share of allocated bytes",
+            );
+        }
+    }
+}
+
+/// missing-no-sync: gradient all-reduce in every micro-batch, not only the one before the optimizer step.
+fn ddp_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache, steps: &[usize]) {
+    if steps.is_empty() {
+        return;
+    }
+    // Between optimizer steps, count the micro-batches whose backward did communication: communication
+    // allocations separated by forward-pass (activation) allocations belong to different micro-batches.
+    let mut per_step = Vec::new();
+    let mut forwards_per_step = Vec::new();
+    let mut start = 0;
+    let mut comm_allocs = 0usize;
+    for &end in steps {
+        let (mut bursts, mut forwards) = (0usize, 0usize);
+        let mut in_comm = false;
+        let mut in_fwd = false;
+        for e in &cx.dev.events[start..=end] {
+            if e.action != Action::Alloc || e.stack == EMPTY_STACK {
+                continue;
+            }
+            match cats.of(e.stack) {
+                "communication" => {
+                    comm_allocs += 1;
+                    if !in_comm {
+                        bursts += 1;
+                    }
+                    in_comm = true;
+                    in_fwd = false;
+                }
+                "activation" => {
+                    if !in_fwd {
+                        forwards += 1;
+                    }
+                    in_fwd = true;
+                    in_comm = false;
+                }
+                _ => {}
+            }
+        }
+        per_step.push(bursts);
+        forwards_per_step.push(forwards);
+        start = end + 1;
+    }
+    // The first interval includes set-up; judge the steady state.
+    let tail = |v: &[usize]| -> Vec<usize> {
+        if v.len() > 1 {
+            v[1..].to_vec()
+        } else {
+            v.to_vec()
+        }
+    };
+    let median = |mut v: Vec<usize>| -> usize {
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    let with_comm = per_step.iter().filter(|&&b| b > 0).count();
+    f.num("ddp.comm_allocs", comm_allocs as f64, Unit::Count, "allocations under DDP / c10d / NCCL frames");
+    f.num("ddp.steps_with_allreduce", with_comm as f64, Unit::Count, "optimizer-step intervals with communication");
+    if with_comm > 0 {
+        f.num(
+            "ddp.allreduce_microbatches_per_step",
+            median(tail(&per_step)) as f64,
+            Unit::Count,
+            "median micro-batches per optimizer step whose backward ran an all-reduce",
+        );
+        f.num(
+            "ddp.microbatches_per_step",
+            median(tail(&forwards_per_step)) as f64,
+            Unit::Count,
+            "median forward passes per optimizer step (gradient accumulation steps)",
+        );
+    }
+}
+
+/// unbounded-kv-growth: KV-cache bytes that keep rising up to the moment, without a plateau.
+fn kv_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache) {
+    let last = cx.report.event_index.map_or(cx.dev.events.len() - 1, |i| i as usize);
+    let marks = even_marks(last, 16);
+    let mut keep = |s: StackId| cats.of(s) == "kv_cache";
+    let snaps = live_per_stack_at(cx, &marks, &mut keep);
+    let series: Vec<u64> = snaps.iter().map(|s| s.values().map(|v| v.0).sum()).collect();
+    let Some(first) = series.iter().position(|&b| b > 0) else { return };
+    let tail = &series[first..];
+    let now = *series.last().expect("marks non-empty");
+    f.num("kv.live_bytes", now as f64, Unit::Bytes, "KV-cache bytes live at the moment");
+    f.num("kv.first_bytes", tail[0] as f64, Unit::Bytes, "KV-cache bytes when first seen");
+    if tail.len() >= 4 && tail[0] > 0 {
+        let rises = tail.windows(2).filter(|w| w[1] > w[0]).count();
+        f.num("kv.growth_ratio", now as f64 / tail[0] as f64, Unit::Plain, "KV bytes now ÷ when first seen");
+        f.num(
+            "kv.rising_fraction",
+            rises as f64 / (tail.len() - 1) as f64,
+            Unit::Ratio,
+            "share of samples where KV bytes rose",
+        );
+        // A plateau: no rise over the last quarter of the samples.
+        let q = (tail.len() / 4).max(1);
+        let plateau = tail[tail.len() - q - 1..].windows(2).all(|w| w[1] <= w[0]);
+        f.flag("kv.plateau", plateau, "KV bytes stopped rising over the last quarter of the trace");
+        f.num("kv.samples", tail.len() as f64, Unit::Count, "samples since the KV cache appeared");
+    }
+    if cx.report.allocated_bytes > 0 {
+        f.num("kv.share", now as f64 / cx.report.allocated_bytes as f64, Unit::Ratio, "KV share of allocated bytes");
+    }
+}
+
+/// compile-warmup: the peak (or the OOM) during torch.compile's first iterations, against the steady state.
+fn compile_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache) {
+    let events = &cx.dev.events;
+    let na = cx.tl.strings.lookup("N/A");
+    let in_compile = |i: usize, cats: &mut CategoryCache| {
+        let e = &events[i];
+        (e.compile_context != NO_STR && Some(e.compile_context) != na && !cx.tl.str(e.compile_context).is_empty())
+            || (e.stack != EMPTY_STACK && cats.of(e.stack) == "compile")
+    };
+    let compile_idx: Vec<usize> = (0..events.len()).filter(|&i| in_compile(i, cats)).collect();
+    f.flag("compile.seen", !compile_idx.is_empty(), "torch.compile (dynamo/inductor) activity in the trace");
+    let Some(&last_compile) = compile_idx.last() else { return };
+    let series = &cx.replay.allocated_series;
+    let compile_peak = series[..=last_compile].iter().copied().max().unwrap_or(0);
+    f.num("compile.peak_bytes", compile_peak as f64, Unit::Bytes, "peak allocated up to the last compile event");
+    if last_compile + 1 < series.len() {
+        let steady = series[last_compile + 1..].iter().copied().max().unwrap_or(0);
+        f.num("steady.peak_bytes", steady as f64, Unit::Bytes, "peak allocated after compilation finished");
+        if steady > 0 {
+            f.num("compile.peak_ratio", compile_peak as f64 / steady as f64, Unit::Plain, "compile peak ÷ steady peak");
+        }
+    }
+    if let Some(o) = &cx.report.oom {
+        let oom_in_compile = in_compile(o.event_index as usize, cats) || o.event_index as usize <= last_compile;
+        f.flag("compile.oom", oom_in_compile, "the OOM happened while compiling");
+    }
+}

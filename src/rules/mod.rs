@@ -1,0 +1,367 @@
+//! The rule engine: the OOM checklist as data. Each `rules/*.toml` file holds one rule — id, title, and one or
+//! more cases, each with a severity, a `when` expression over named facts, a message template quoting the
+//! evidence, and the fix. Built-in rules are embedded at build time; `--rules DIR` adds or overrides.
+
+pub mod expr;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::analysis::facts::{Fact, Facts};
+use crate::analysis::Finding;
+use expr::{Expr, Val};
+
+include!(concat!(env!("OUT_DIR"), "/builtin_rules.rs"));
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Severity {
+    Info,
+    Warning,
+    Error,
+}
+
+impl Severity {
+    pub fn name(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Severity> {
+        Some(match s {
+            "info" => Severity::Info,
+            "warning" => Severity::Warning,
+            "error" => Severity::Error,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub severity: Severity,
+    pub when: Expr,
+    pub when_src: String,
+    pub message: String,
+    pub fix: String,
+    /// Facts quoted as evidence (besides those the condition reads).
+    pub evidence: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Rule {
+    pub id: String,
+    pub title: String,
+    /// What the rule checks and why, for `oomdoc explain`.
+    pub explain: String,
+    pub references: Vec<String>,
+    pub cases: Vec<Case>,
+    /// Where it came from: `built-in rules/x.toml` or a path.
+    pub source: String,
+}
+
+/// A rule file that cannot be used: `file:line:col: what was expected`.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}:{line}:{col}: {message}")]
+pub struct RuleError {
+    pub file: String,
+    pub line: usize,
+    pub col: usize,
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    id: String,
+    title: String,
+    #[serde(default)]
+    explain: String,
+    #[serde(default)]
+    references: Vec<String>,
+    #[serde(default)]
+    severity: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    when: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    fix: Option<String>,
+    #[serde(default)]
+    evidence: Vec<String>,
+    #[serde(default, rename = "case")]
+    cases: Vec<RawCase>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCase {
+    severity: toml::Spanned<String>,
+    when: toml::Spanned<String>,
+    message: String,
+    fix: String,
+    #[serde(default)]
+    evidence: Vec<String>,
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map_or(before.chars().count(), |nl| before[nl + 1..].chars().count()) + 1;
+    (line, col)
+}
+
+/// Where the text of a TOML string value starts, given the span of its literal.
+fn content_start(text: &str, span_start: usize) -> usize {
+    let lit = &text[span_start..];
+    if lit.starts_with("\"\"\"") || lit.starts_with("'''") {
+        let after = span_start + 3;
+        // A newline right after the opening quotes is not part of the string.
+        if text[after..].starts_with('\n') {
+            after + 1
+        } else if text[after..].starts_with("\r\n") {
+            after + 2
+        } else {
+            after
+        }
+    } else {
+        span_start + 1
+    }
+}
+
+/// Parses one rule file.
+pub fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
+    let err_at = |offset: usize, message: String| {
+        let (line, col) = line_col(text, offset);
+        RuleError { file: file.to_string(), line, col, message }
+    };
+    let raw: RawRule = toml::from_str(text).map_err(|e| {
+        let off = e.span().map_or(0, |s| s.start);
+        err_at(off, e.message().trim().to_string())
+    })?;
+    let parse_case = |severity: &toml::Spanned<String>,
+                      when: &toml::Spanned<String>,
+                      message: String,
+                      fix: String,
+                      evidence: Vec<String>|
+     -> Result<Case, RuleError> {
+        let sev = Severity::parse(severity.get_ref()).ok_or_else(|| {
+            err_at(
+                severity.span().start,
+                format!("expected severity \"error\", \"warning\" or \"info\", found {:?}", severity.get_ref()),
+            )
+        })?;
+        let src = when.get_ref();
+        let expr =
+            expr::parse(src).map_err(|e| err_at(content_start(text, when.span().start) + e.offset, e.expected))?;
+        check_template(&message).map_err(|m| err_at(0, format!("message: {m}")))?;
+        check_template(&fix).map_err(|m| err_at(0, format!("fix: {m}")))?;
+        Ok(Case { severity: sev, when: expr, when_src: src.clone(), message, fix, evidence })
+    };
+    let mut cases = Vec::new();
+    match (&raw.severity, &raw.when) {
+        (Some(sev), Some(when)) => {
+            let message = raw.message.clone().ok_or_else(|| err_at(0, "missing 'message'".into()))?;
+            let fix = raw.fix.clone().ok_or_else(|| err_at(0, "missing 'fix'".into()))?;
+            cases.push(parse_case(sev, when, message, fix, raw.evidence.clone())?);
+        }
+        (None, None) => {}
+        _ => return Err(err_at(0, "a rule needs both 'severity' and 'when' (or [[case]] tables)".into())),
+    }
+    for c in raw.cases {
+        cases.push(parse_case(&c.severity, &c.when, c.message, c.fix, c.evidence)?);
+    }
+    if cases.is_empty() {
+        return Err(err_at(0, "a rule needs 'severity', 'when', 'message' and 'fix', or [[case]] tables".into()));
+    }
+    if raw.id.is_empty() || !raw.id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') {
+        return Err(err_at(0, format!("rule id {:?} must be lowercase letters, digits and '-'", raw.id)));
+    }
+    Ok(Rule {
+        id: raw.id,
+        title: raw.title,
+        explain: raw.explain,
+        references: raw.references,
+        cases,
+        source: file.to_string(),
+    })
+}
+
+/// `{fact}` and `{fact|format}` placeholders must be well formed.
+fn check_template(t: &str) -> Result<(), String> {
+    let mut rest = t;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..].find('}').ok_or_else(|| format!("unclosed '{{' in {t:?}"))?;
+        let inner = &rest[open + 1..open + close];
+        let (name, fmt) = inner.split_once('|').unwrap_or((inner, ""));
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+            return Err(format!("bad placeholder {{{inner}}}"));
+        }
+        if !["", "bytes", "pct", "count", "num", "s"].contains(&fmt) {
+            return Err(format!("unknown format '{fmt}' in {{{inner}}} (use bytes, pct, count, num or s)"));
+        }
+        rest = &rest[open + close + 1..];
+    }
+    Ok(())
+}
+
+/// Fills `{fact}` / `{fact|format}` placeholders.
+pub fn render_template(t: &str, facts: &Facts) -> String {
+    let mut out = String::new();
+    let mut rest = t;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let Some(close) = rest[open..].find('}') else { break };
+        let inner = &rest[open + 1..open + close];
+        let (name, fmt) = inner.split_once('|').unwrap_or((inner, ""));
+        out.push_str(&match facts.get(name) {
+            Some(f) => f.display(fmt),
+            None => "(unknown)".to_string(),
+        });
+        rest = &rest[open + close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The rule set in force: built-ins, then user rules by id.
+#[derive(Clone, Debug, Default)]
+pub struct RuleSet {
+    pub rules: Vec<Rule>,
+}
+
+impl RuleSet {
+    pub fn builtin() -> RuleSet {
+        let mut rules: Vec<Rule> = BUILTIN_RULES
+            .iter()
+            .filter(|(name, _)| *name != "categories.toml")
+            .map(|(name, text)| {
+                parse_rule(&format!("rules/{name}"), text).unwrap_or_else(|e| panic!("built-in rule broken: {e}"))
+            })
+            .collect();
+        for r in &mut rules {
+            r.source = format!("built-in {}", r.source);
+        }
+        RuleSet { rules }
+    }
+
+    /// Adds every `*.toml` in `dir` (except `categories.toml`); a rule with a built-in's id replaces it.
+    pub fn extend_from_dir(&mut self, dir: &Path) -> Result<(), crate::Error> {
+        let read_err = |e: std::io::Error| crate::Error::Io { path: dir.display().to_string(), source: e };
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .map_err(read_err)?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .filter(|p| p.file_name().is_some_and(|n| n != "categories.toml"))
+            .collect();
+        files.sort();
+        for f in files {
+            let text = std::fs::read_to_string(&f)
+                .map_err(|e| crate::Error::Io { path: f.display().to_string(), source: e })?;
+            let rule = parse_rule(&f.display().to_string(), &text).map_err(|e| crate::Error::Usage(e.to_string()))?;
+            match self.rules.iter_mut().find(|r| r.id == rule.id) {
+                Some(r) => *r = rule,
+                None => self.rules.push(rule),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.id == id)
+    }
+
+    /// Runs every rule on one device's facts.
+    pub fn evaluate(&self, device: i64, facts: &Facts) -> Vec<Finding> {
+        let lookup = |name: &str| facts.get(name).map_or(Val::Missing, |f| f.value.clone());
+        let mut out = Vec::new();
+        for rule in &self.rules {
+            let Some(case) = rule.cases.iter().find(|c| expr::eval(&c.when, &lookup).truthy()) else { continue };
+            let mut names = Vec::new();
+            expr::facts(&case.when, &mut names);
+            names.extend(case.evidence.iter().cloned());
+            let mut evidence = BTreeMap::new();
+            for n in names {
+                if let Some(f) = facts.get(&n) {
+                    evidence.insert(n, f.to_json());
+                }
+            }
+            out.push(Finding {
+                rule: rule.id.clone(),
+                severity: case.severity.name().to_string(),
+                device: Some(device),
+                title: rule.title.clone(),
+                message: render_template(&case.message, facts),
+                evidence: serde_json::to_value(evidence).expect("json"),
+                fix: render_template(&case.fix, facts),
+                references: rule.references.clone(),
+            });
+        }
+        out
+    }
+}
+
+/// Most important first: errors before warnings before info, then by device, then by rule order.
+pub fn sort_findings(findings: &mut [Finding]) {
+    let rank = |s: &str| Severity::parse(s).map_or(0, |s| s as u8);
+    findings.sort_by(|a, b| rank(&b.severity).cmp(&rank(&a.severity)).then(a.device.cmp(&b.device)));
+}
+
+/// The built-in category patterns (`rules/categories.toml`).
+pub fn builtin_categories() -> &'static str {
+    BUILTIN_RULES.iter().find(|(n, _)| *n == "categories.toml").map_or("", |(_, t)| t)
+}
+
+impl Fact {
+    fn to_json(&self) -> serde_json::Value {
+        match &self.value {
+            Val::Num(n) if n.fract() == 0.0 && n.abs() < 9.0e15 => serde_json::json!(*n as i64),
+            Val::Num(n) => serde_json::json!(n),
+            Val::Bool(b) => serde_json::json!(b),
+            Val::Str(s) => serde_json::json!(s),
+            Val::Missing => serde_json::Value::Null,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_rules_parse() {
+        let rs = RuleSet::builtin();
+        for id in [
+            "fragmentation",
+            "leaked-references",
+            "missing-no-sync",
+            "unbounded-kv-growth",
+            "nccl-overhead",
+            "compile-warmup",
+            "large-intermediate",
+        ] {
+            assert!(rs.get(id).is_some(), "{id} missing");
+        }
+    }
+
+    #[test]
+    fn bad_rule_files_point_at_the_spot() {
+        let text = "id = \"x\"\ntitle = \"t\"\nseverity = \"error\"\nwhen = \"oom.present and\"\nmessage = \"m\"\nfix = \"f\"\n";
+        let e = parse_rule("my.toml", text).unwrap_err();
+        assert_eq!((e.line, e.col), (4, 24), "{e}");
+        assert!(e.to_string().starts_with("my.toml:4:24: expected"), "{e}");
+        let e = parse_rule("my.toml", "id = \"x\"\ntitle = 3\n").unwrap_err();
+        assert_eq!(e.line, 2, "{e}");
+        let text = "id = \"x\"\ntitle = \"t\"\nseverity = \"fatal\"\nwhen = \"true\"\nmessage = \"m\"\nfix = \"f\"\n";
+        let e = parse_rule("my.toml", text).unwrap_err();
+        assert!(e.to_string().contains("my.toml:3:12: expected severity"), "{e}");
+        let text = "id = \"x\"\ntitle = \"t\"\nseverity = \"info\"\nwhen = \"\"\"\n  a >\n  \"\"\"\nmessage = \"m\"\nfix = \"f\"\n";
+        let e = parse_rule("my.toml", text).unwrap_err();
+        assert_eq!(e.line, 5, "{e}");
+    }
+}
