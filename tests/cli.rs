@@ -1,0 +1,152 @@
+//! The command line end to end: commands, options, exit codes, the JSON contract.
+
+mod common;
+
+use common::{oomdoc, stderr, stdout, TempFile};
+
+const REAL: &str = "fixtures/real/cs336-kk-fullstep-57gb.pickle";
+
+#[test]
+fn json_contract_fields() {
+    let o = oomdoc(&["analyze", REAL, "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["inputs"][0]["path"], REAL);
+    assert_eq!(v["inputs"][0]["kind"], "pytorch_snapshot");
+    assert!(v["inputs"][0]["format_version"].as_str().unwrap().contains("2.5"));
+    let d = &v["devices"][0];
+    for key in ["device", "moment", "allocated_bytes", "reserved_bytes", "active_bytes", "largest_free_block_bytes"] {
+        assert!(!d[key].is_null(), "devices[0].{key}");
+    }
+    assert_eq!(d["moment"], "peak");
+    assert!(d["oom"].is_null());
+    assert!(d["top_allocations"][0]["bytes"].as_u64().unwrap() > 0);
+    assert!(d["top_allocations"][0]["stack"].as_array().unwrap().len() > 1);
+    let f = &v["findings"][0];
+    for key in ["rule", "severity", "device", "title", "message", "evidence", "fix"] {
+        assert!(!f[key].is_null(), "findings[0].{key}");
+    }
+}
+
+#[test]
+fn fail_on_sets_exit_code_one() {
+    let o = oomdoc(&["analyze", REAL, "--fail-on", "warning"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let o = oomdoc(&["analyze", REAL, "--fail-on", "error"]);
+    assert_eq!(o.status.code(), Some(0));
+    // A clean file never fails.
+    let o = oomdoc(&["analyze", "fixtures/real/mlsys-linear-t24.pickle", "--fail-on", "info"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}
+
+#[test]
+fn colour_only_when_asked_or_on_a_terminal() {
+    let plain = stdout(&oomdoc(&["analyze", REAL]));
+    assert!(!plain.contains('\x1b'), "piped output must be plain");
+    let coloured = stdout(&oomdoc(&["analyze", REAL, "--color", "always"]));
+    assert!(coloured.contains("\x1b["));
+}
+
+#[test]
+fn output_file() {
+    let out = TempFile::with("report.md", b"");
+    let o = oomdoc(&["analyze", REAL, "-f", "markdown", "-o", out.path()]);
+    assert!(o.status.success() && o.stdout.is_empty());
+    let text = std::fs::read_to_string(&out.0).unwrap();
+    assert!(text.starts_with("## GPU memory report"), "{text}");
+}
+
+#[test]
+fn at_peak_end_event_and_time() {
+    for at in ["peak", "end", "event:100", "100ms", "0.2s"] {
+        let o = oomdoc(&["analyze", REAL, "--at", at, "-f", "json"]);
+        assert!(o.status.success(), "--at {at}: {}", stderr(&o));
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&oomdoc(&["analyze", REAL, "--at", "event:100", "-f", "json"]).stdout).unwrap();
+    assert_eq!(v["devices"][0]["event_index"], 100);
+    assert_eq!(v["devices"][0]["moment"], "time");
+}
+
+#[test]
+fn device_filter_on_a_two_gpu_file() {
+    let f = "fixtures/real/text2sql-2gpu-stateonly.pickle";
+    let v: serde_json::Value = serde_json::from_slice(&oomdoc(&["analyze", f, "-f", "json"]).stdout).unwrap();
+    assert_eq!(v["devices"].as_array().unwrap().len(), 2);
+    let v: serde_json::Value =
+        serde_json::from_slice(&oomdoc(&["analyze", f, "-f", "json", "--device", "1"]).stdout).unwrap();
+    assert_eq!(v["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(v["devices"][0]["device"], 1);
+}
+
+#[test]
+fn facts_rules_and_explain() {
+    let o = oomdoc(&["facts", REAL]);
+    assert!(o.status.success());
+    let text = stdout(&o);
+    for fact in ["allocated_bytes", "live.optimizer_state_bytes", "segments.free_events", "oom.present"] {
+        assert!(text.contains(fact), "facts lists {fact}");
+    }
+    let o = oomdoc(&["facts", REAL, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[format!("{REAL}#0")]["oom.present"], "false");
+
+    let rules = stdout(&oomdoc(&["rules"]));
+    for id in [
+        "fragmentation",
+        "leaked-references",
+        "missing-no-sync",
+        "unbounded-kv-growth",
+        "nccl-overhead",
+        "compile-warmup",
+        "large-intermediate",
+    ] {
+        assert!(rules.contains(id), "rules lists {id}");
+    }
+    let ex = stdout(&oomdoc(&["explain", "fragmentation"]));
+    assert!(ex.contains("expandable_segments:True") && ex.contains("largest"), "{ex}");
+    let o = oomdoc(&["explain", "no-such-rule"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("fragmentation"), "lists the rules: {}", stderr(&o));
+}
+
+#[test]
+fn user_rules_add_and_categories_extend() {
+    let f = "fixtures/real/cs336-wl-train-newest.pickle";
+    let without = stdout(&oomdoc(&["analyze", f, "-f", "json"]));
+    assert!(!without.contains("big-activations"));
+    let o = oomdoc(&["analyze", f, "-f", "json", "--rules", "fixtures/user-rules"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let hit =
+        v["findings"].as_array().unwrap().iter().find(|f| f["rule"] == "big-activations").expect("user rule fires");
+    assert!(hit["message"].as_str().unwrap().starts_with("Activations hold"), "{hit}");
+    assert!(oomdoc(&["rules", "--rules", "fixtures/user-rules"]).stdout.windows(15).any(|w| w == b"big-activations"));
+}
+
+#[test]
+fn a_broken_user_rule_names_file_line_and_column() {
+    let dir = std::env::temp_dir().join(format!("oomdoc-rules-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("broken.toml"),
+        "id = \"broken\"\ntitle = \"t\"\nseverity = \"warning\"\nwhen = \"allocated_bytes >\"\nmessage = \"m\"\nfix = \"f\"\n",
+    )
+    .unwrap();
+    let o = oomdoc(&["analyze", REAL, "--rules", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("broken.toml:4:26: expected a number, a fact name"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn help_teaches() {
+    let h = stdout(&oomdoc(&["analyze", "--help"]));
+    for needle in ["--at", "--format", "--fail-on", "--gpu-memory", "--rules", "Examples:"] {
+        assert!(h.contains(needle), "help mentions {needle}");
+    }
+    let top = stdout(&oomdoc(&["--help"]));
+    assert!(top.contains("_record_memory_history"), "{top}");
+}
