@@ -6,7 +6,7 @@ use regex::Regex;
 use rustc_hash::FxHashMap;
 use serde::Deserialize;
 
-use crate::timeline::stacks::{StackId, EMPTY_STACK};
+use crate::timeline::stacks::{FrameId, StackId, EMPTY_STACK};
 use crate::timeline::Timeline;
 
 /// Every category a pattern may name, in report order.
@@ -81,45 +81,67 @@ impl Categorizer {
             .expect("built-in categories compile")
     }
 
-    /// The category of a stack: the first pattern (by priority) that any of its frames matches.
-    pub fn classify(&self, tl: &Timeline, stack: StackId) -> &'static str {
-        if stack == EMPTY_STACK {
-            return "unknown";
-        }
-        let frames: Vec<(&str, &str)> = tl
-            .stacks
-            .stack(stack)
-            .iter()
-            .map(|&f| {
-                let f = tl.stacks.frame(f);
-                (tl.strings.get(f.filename), tl.strings.get(f.name))
-            })
-            .collect();
-        for p in &self.patterns {
-            let hit = frames.iter().any(|(file, func)| {
-                p.file.as_ref().is_none_or(|r| r.is_match(file)) && p.function.as_ref().is_none_or(|r| r.is_match(func))
-            });
-            if hit {
-                return p.name;
+    /// Which patterns one frame matches, as bits in priority order (only the first 128 patterns count).
+    fn frame_mask(&self, file: &str, func: &str) -> u128 {
+        let mut mask = 0u128;
+        for (i, p) in self.patterns.iter().take(128).enumerate() {
+            if p.file.as_ref().is_none_or(|r| r.is_match(file)) && p.function.as_ref().is_none_or(|r| r.is_match(func))
+            {
+                mask |= 1 << i;
             }
         }
-        "unknown"
+        mask
+    }
+
+    fn name_of(&self, mask: u128) -> &'static str {
+        if mask == 0 {
+            "unknown"
+        } else {
+            self.patterns[mask.trailing_zeros() as usize].name
+        }
+    }
+
+    /// The category of a stack: the first pattern (by priority) that any of its frames matches.
+    pub fn classify(&self, tl: &Timeline, stack: StackId) -> &'static str {
+        let mask = tl.stacks.stack(stack).iter().fold(0u128, |m, &f| {
+            let f = tl.stacks.frame(f);
+            m | self.frame_mask(tl.strings.get(f.filename), tl.strings.get(f.name))
+        });
+        self.name_of(mask)
     }
 }
 
-/// Memoises `classify` per stack: a trace repeats a few thousand stacks a million times.
+/// Memoises classification: a trace repeats a few thousand stacks a million times, and a few thousand frames
+/// make up all the stacks, so each frame meets the regular expressions once.
 pub struct CategoryCache<'a> {
     cat: &'a Categorizer,
     tl: &'a Timeline,
-    memo: FxHashMap<StackId, &'static str>,
+    stacks: FxHashMap<StackId, &'static str>,
+    frames: FxHashMap<FrameId, u128>,
 }
 
 impl<'a> CategoryCache<'a> {
     pub fn new(cat: &'a Categorizer, tl: &'a Timeline) -> Self {
-        CategoryCache { cat, tl, memo: FxHashMap::default() }
+        CategoryCache { cat, tl, stacks: FxHashMap::default(), frames: FxHashMap::default() }
     }
 
     pub fn of(&mut self, stack: StackId) -> &'static str {
-        self.memo.entry(stack).or_insert_with(|| self.cat.classify(self.tl, stack))
+        if stack == EMPTY_STACK {
+            return "unknown";
+        }
+        if let Some(c) = self.stacks.get(&stack) {
+            return c;
+        }
+        let (tl, cat) = (self.tl, self.cat);
+        let mut mask = 0u128;
+        for &f in tl.stacks.stack(stack) {
+            mask |= *self.frames.entry(f).or_insert_with(|| {
+                let fr = tl.stacks.frame(f);
+                cat.frame_mask(tl.strings.get(fr.filename), tl.strings.get(fr.name))
+            });
+        }
+        let c = cat.name_of(mask);
+        self.stacks.insert(stack, c);
+        c
     }
 }

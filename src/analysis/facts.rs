@@ -262,14 +262,43 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
         return f;
     }
     segment_facts(&mut f, events);
-    let steps = optimizer_steps(cx, cats);
+    // Every later pass asks "what kind of allocation is this event?": answer once per event.
+    let kinds: Vec<u8> =
+        events.iter().map(|e| if e.stack == EMPTY_STACK { NONE } else { kind_index(cats.of(e.stack)) }).collect();
+    let cx = &Ctx { cx, kinds: &kinds };
+    let steps = optimizer_steps(cx);
     f.num("iter.count", steps.len() as f64, Unit::Count, "optimizer steps seen (clusters of torch.optim allocations)");
     iteration_peaks(&mut f, cx, &steps);
-    leak_facts(&mut f, cx, cats, &steps);
-    ddp_facts(&mut f, cx, cats, &steps);
-    kv_facts(&mut f, cx, cats);
-    compile_facts(&mut f, cx, cats);
+    leak_facts(&mut f, cx, &steps);
+    ddp_facts(&mut f, cx, &steps);
+    kv_facts(&mut f, cx);
+    compile_facts(&mut f, cx);
     f
+}
+
+const NONE: u8 = u8::MAX;
+
+fn kind_index(c: &str) -> u8 {
+    CATEGORIES.iter().position(|k| *k == c).map_or(NONE, |i| i as u8)
+}
+
+/// The context plus each event's category index.
+struct Ctx<'a> {
+    cx: &'a Context<'a>,
+    kinds: &'a [u8],
+}
+
+impl<'a> std::ops::Deref for Ctx<'a> {
+    type Target = Context<'a>;
+    fn deref(&self) -> &Context<'a> {
+        self.cx
+    }
+}
+
+impl Ctx<'_> {
+    fn is(&self, i: usize, kind: &str) -> bool {
+        self.kinds[i] != NONE && CATEGORIES[self.kinds[i] as usize] == kind
+    }
 }
 
 fn stack_matches(tl: &Timeline, stack: StackId, pred: fn(&str, &str) -> bool) -> bool {
@@ -300,7 +329,7 @@ fn segment_facts(f: &mut Facts, events: &[crate::timeline::Event]) {
 
 /// Ends of optimizer steps: the last event of each run of allocations made under `torch.optim` (or another
 /// optimizer's `step`), the natural boundary between training iterations.
-fn optimizer_steps(cx: &Context, cats: &mut CategoryCache) -> Vec<usize> {
+fn optimizer_steps(cx: &Ctx) -> Vec<usize> {
     let mut ends = Vec::new();
     let mut in_step = false;
     let mut last = 0;
@@ -308,7 +337,7 @@ fn optimizer_steps(cx: &Context, cats: &mut CategoryCache) -> Vec<usize> {
         if e.action != Action::Alloc {
             continue;
         }
-        let opt = e.stack != EMPTY_STACK && cats.of(e.stack) == "optimizer_state";
+        let opt = cx.is(i, "optimizer_state");
         if opt {
             in_step = true;
             last = i;
@@ -323,7 +352,7 @@ fn optimizer_steps(cx: &Context, cats: &mut CategoryCache) -> Vec<usize> {
     ends
 }
 
-fn iteration_peaks(f: &mut Facts, cx: &Context, steps: &[usize]) {
+fn iteration_peaks(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
     let series = &cx.replay.allocated_series;
     if steps.len() < 2 || series.is_empty() {
         return;
@@ -350,18 +379,14 @@ fn iteration_peaks(f: &mut Facts, cx: &Context, steps: &[usize]) {
 
 /// Live bytes and counts per stack at chosen event indices (requested sizes; a block's rounding does not matter
 /// for growth).
-fn live_per_stack_at(
-    cx: &Context,
-    marks: &[usize],
-    keep: &mut dyn FnMut(StackId) -> bool,
-) -> Vec<FxHashMap<StackId, (u64, u32)>> {
+fn live_per_stack_at(cx: &Ctx, marks: &[usize], keep: &dyn Fn(u8) -> bool) -> Vec<FxHashMap<StackId, (u64, u32)>> {
     let mut live: FxHashMap<u64, (StackId, u64)> = FxHashMap::default();
     let mut per: FxHashMap<StackId, (u64, u32)> = FxHashMap::default();
     let mut out = Vec::with_capacity(marks.len());
     let mut next = 0;
     for (i, e) in cx.dev.events.iter().enumerate() {
         match e.action {
-            Action::Alloc if e.stack != EMPTY_STACK && keep(e.stack) => {
+            Action::Alloc if e.stack != EMPTY_STACK && keep(cx.kinds[i]) => {
                 if let Some((s, b)) = live.insert(e.addr, (e.stack, e.size)) {
                     let p = per.entry(s).or_default();
                     p.0 = p.0.saturating_sub(b);
@@ -427,7 +452,7 @@ fn allocation_cycles(series: &[u64]) -> usize {
 }
 
 /// leaked-references: one stack whose live allocations keep accumulating across iterations.
-fn leak_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache, steps: &[usize]) {
+fn leak_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
     let last = cx.report.event_index.map_or(cx.dev.events.len() - 1, |i| i as usize);
     // Iteration boundaries if the trace shows optimizer steps, else evenly spaced points.
     let cycles = allocation_cycles(&cx.replay.allocated_series[..=last.min(cx.replay.allocated_series.len() - 1)]);
@@ -448,8 +473,8 @@ fn leak_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache, steps: &[us
     if marks.len() < 4 {
         return;
     }
-    let mut keep = |s: StackId| !matches!(cats.of(s), "kv_cache" | "parameter" | "optimizer_state" | "compile");
-    let snaps = live_per_stack_at(cx, &marks, &mut keep);
+    let skip = ["kv_cache", "parameter", "optimizer_state", "compile"].map(kind_index);
+    let snaps = live_per_stack_at(cx, &marks, &|k| !skip.contains(&k));
     // Score each stack alive at the end: how steadily its live count rose from boundary to boundary.
     let end = snaps.last().expect("marks non-empty");
     let mut best: Option<(StackId, f64, u64, u32, f64)> = None;
@@ -497,7 +522,7 @@ fn leak_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache, steps: &[us
 }
 
 /// missing-no-sync: gradient all-reduce in every micro-batch, not only the one before the optimizer step.
-fn ddp_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache, steps: &[usize]) {
+fn ddp_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
     if steps.is_empty() {
         return;
     }
@@ -511,11 +536,11 @@ fn ddp_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache, steps: &[usi
         let (mut bursts, mut forwards) = (0usize, 0usize);
         let mut in_comm = false;
         let mut in_fwd = false;
-        for e in &cx.dev.events[start..=end] {
-            if e.action != Action::Alloc || e.stack == EMPTY_STACK {
+        for (i, e) in cx.dev.events.iter().enumerate().take(end + 1).skip(start) {
+            if e.action != Action::Alloc || cx.kinds[i] == NONE {
                 continue;
             }
-            match cats.of(e.stack) {
+            match CATEGORIES[cx.kinds[i] as usize] {
                 "communication" => {
                     comm_allocs += 1;
                     if !in_comm {
@@ -570,11 +595,14 @@ fn ddp_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache, steps: &[usi
 }
 
 /// unbounded-kv-growth: KV-cache bytes that keep rising up to the moment, without a plateau.
-fn kv_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache) {
+fn kv_facts(f: &mut Facts, cx: &Ctx) {
+    let kv = kind_index("kv_cache");
+    if !cx.kinds.contains(&kv) {
+        return;
+    }
     let last = cx.report.event_index.map_or(cx.dev.events.len() - 1, |i| i as usize);
     let marks = even_marks(last, 16);
-    let mut keep = |s: StackId| cats.of(s) == "kv_cache";
-    let snaps = live_per_stack_at(cx, &marks, &mut keep);
+    let snaps = live_per_stack_at(cx, &marks, &|k| k == kv);
     let series: Vec<u64> = snaps.iter().map(|s| s.values().map(|v| v.0).sum()).collect();
     let Some(first) = series.iter().position(|&b| b > 0) else { return };
     let tail = &series[first..];
@@ -602,15 +630,15 @@ fn kv_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache) {
 }
 
 /// compile-warmup: the peak (or the OOM) during torch.compile's first iterations, against the steady state.
-fn compile_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache) {
+fn compile_facts(f: &mut Facts, cx: &Ctx) {
     let events = &cx.dev.events;
     let na = cx.tl.strings.lookup("N/A");
-    let in_compile = |i: usize, cats: &mut CategoryCache| {
+    let in_compile = |i: usize| {
         let e = &events[i];
         (e.compile_context != NO_STR && Some(e.compile_context) != na && !cx.tl.str(e.compile_context).is_empty())
-            || (e.stack != EMPTY_STACK && cats.of(e.stack) == "compile")
+            || cx.is(i, "compile")
     };
-    let compile_idx: Vec<usize> = (0..events.len()).filter(|&i| in_compile(i, cats)).collect();
+    let compile_idx: Vec<usize> = (0..events.len()).filter(|&i| in_compile(i)).collect();
     f.flag("compile.seen", !compile_idx.is_empty(), "torch.compile (dynamo/inductor) activity in the trace");
     let Some(&last_compile) = compile_idx.last() else { return };
     let series = &cx.replay.allocated_series;
@@ -624,7 +652,7 @@ fn compile_facts(f: &mut Facts, cx: &Context, cats: &mut CategoryCache) {
         }
     }
     if let Some(o) = &cx.report.oom {
-        let oom_in_compile = in_compile(o.event_index as usize, cats) || o.event_index as usize <= last_compile;
+        let oom_in_compile = in_compile(o.event_index as usize) || o.event_index as usize <= last_compile;
         f.flag("compile.oom", oom_in_compile, "the OOM happened while compiling");
     }
 }
