@@ -695,6 +695,8 @@ pub struct Replay<'t> {
     pub end_mismatch: Option<String>,
     /// Allocated bytes right after each event.
     pub allocated_series: Vec<u64>,
+    /// Reserved bytes right after each event.
+    pub reserved_series: Vec<u64>,
 }
 
 struct Pass {
@@ -704,6 +706,7 @@ struct Pass {
     peak_reserved: (u64, Option<u32>),
     end: State,
     allocated_series: Vec<u64>,
+    reserved_series: Vec<u64>,
 }
 
 fn forward(events: &[Event], start: State, rules: &Rules) -> Pass {
@@ -713,6 +716,7 @@ fn forward(events: &[Event], start: State, rules: &Rules) -> Pass {
     let mut peak_allocated = (st.allocated, None);
     let mut peak_reserved = (st.reserved, None);
     let mut allocated_series = Vec::with_capacity(events.len());
+    let mut reserved_series = Vec::with_capacity(events.len());
     for (i, e) in events.iter().enumerate() {
         if i % CHECKPOINT_EVERY == 0 {
             checkpoints.push(st.clone());
@@ -727,11 +731,12 @@ fn forward(events: &[Event], start: State, rules: &Rules) -> Pass {
             peak_reserved = (st.reserved, Some(i as u32));
         }
         allocated_series.push(st.allocated);
+        reserved_series.push(st.reserved);
     }
     if checkpoints.is_empty() {
         checkpoints.push(st.clone());
     }
-    Pass { checkpoints, anomalies, peak_allocated, peak_reserved, end: st, allocated_series }
+    Pass { checkpoints, anomalies, peak_allocated, peak_reserved, end: st, allocated_series, reserved_series }
 }
 
 impl<'t> Replay<'t> {
@@ -770,6 +775,7 @@ impl<'t> Replay<'t> {
             peak_reserved: pass.peak_reserved,
             end_mismatch,
             allocated_series: pass.allocated_series,
+            reserved_series: pass.reserved_series,
         }
     }
 
@@ -794,6 +800,20 @@ impl<'t> Replay<'t> {
             let _ = st.apply(e, (from + i) as u32, &self.rules);
         }
         st
+    }
+
+    /// Advances `st`, the state right after event `from` (`None`: before the first), to right after event `to`,
+    /// replaying only the events in between. For stepping a cursor forward without going back to a checkpoint.
+    pub fn advance(&self, st: &mut State, from: Option<u32>, to: u32) {
+        let start = from.map_or(0, |f| f as usize + 1);
+        for i in start..=(to as usize).min(self.dev.events.len().saturating_sub(1)) {
+            let _ = st.apply(&self.dev.events[i], i as u32, &self.rules);
+        }
+    }
+
+    /// The device this replay is of.
+    pub fn device(&self) -> &'t DeviceTimeline {
+        self.dev
     }
 
     /// The file's segments do not say which trace event made each block; find it (the last `alloc` at the

@@ -1,0 +1,385 @@
+//! TUI state and its updates. No terminal I/O here: `update` takes an action and changes the state; the view
+//! module draws the state. The allocator state at the cursor comes from the replay's checkpoints, advanced
+//! incrementally when the cursor moves forward.
+
+use rustc_hash::FxHashMap;
+
+use crate::analysis::categories::{CategoryCache, Categorizer};
+use crate::analysis::{culprit, Analysis, Finding};
+use crate::timeline::replay::{Replay, State};
+use crate::timeline::stacks::StackId;
+use crate::timeline::{Action as Ev, BlockState, Timeline};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Jump {
+    Oom,
+    Peak,
+    Start,
+    End,
+    Event(u32),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    Quit,
+    Back,
+    Step(i64),
+    Page(i64),
+    Jump(Jump),
+    NextPanel,
+    PrevPanel,
+    Select(i64),
+    Open,
+    CycleSort,
+    ToggleGroup,
+    StartFilter,
+    FilterChar(char),
+    FilterBackspace,
+    FilterDone,
+    FilterCancel,
+    NextDevice,
+    ToggleHelp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Panel {
+    Live,
+    Segments,
+    Findings,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sort {
+    Size,
+    Age,
+    Stream,
+}
+
+/// A live allocation at the cursor, ready to show.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub bytes: u64,
+    pub count: usize,
+    pub address: u64,
+    pub stream: u64,
+    pub alloc_event: Option<u32>,
+    pub age_us: Option<i64>,
+    pub category: &'static str,
+    pub culprit: String,
+    pub stack: StackId,
+}
+
+pub struct DeviceCtx<'t> {
+    pub device: i64,
+    pub replay: Replay<'t>,
+    pub oom: Option<u32>,
+}
+
+pub struct App<'t> {
+    pub tl: &'t Timeline,
+    pub title: String,
+    pub findings: Vec<Finding>,
+    pub devices: Vec<DeviceCtx<'t>>,
+    pub dev: usize,
+    /// Right after this event (`None`: before the first event, or a file without a trace).
+    pub cursor: Option<u32>,
+    pub state: State,
+    pub panel: Panel,
+    pub selected: usize,
+    pub sort: Sort,
+    pub group: bool,
+    pub filter: String,
+    pub filtering: bool,
+    pub help: bool,
+    /// The stack of the selected row is open in the detail pane.
+    pub detail: bool,
+    pub quit: bool,
+    /// Rows of the live table for the cursor, filter, grouping and sort.
+    pub rows: Vec<Row>,
+    culprits: FxHashMap<StackId, String>,
+    cats: CategoryCache<'t>,
+}
+
+impl<'t> App<'t> {
+    pub fn new(tl: &'t Timeline, analysis: &Analysis, cats: &'t Categorizer, title: String) -> App<'t> {
+        let devices: Vec<DeviceCtx> = tl
+            .devices
+            .iter()
+            .filter(|d| !d.segments.is_empty() || !d.events.is_empty())
+            .map(|d| DeviceCtx {
+                device: d.device,
+                replay: Replay::new(d, tl.settings.as_ref()),
+                oom: d.events.iter().rposition(|e| e.action == Ev::Oom).map(|i| i as u32),
+            })
+            .collect();
+        let mut app = App {
+            tl,
+            title,
+            findings: analysis.findings.clone(),
+            devices,
+            dev: 0,
+            cursor: None,
+            state: State::default(),
+            panel: Panel::Live,
+            selected: 0,
+            sort: Sort::Size,
+            group: false,
+            filter: String::new(),
+            filtering: false,
+            help: false,
+            detail: false,
+            quit: false,
+            rows: Vec::new(),
+            culprits: FxHashMap::default(),
+            cats: CategoryCache::new(cats, tl),
+        };
+        app.open_device(0);
+        app
+    }
+
+    pub fn device(&self) -> Option<&DeviceCtx<'t>> {
+        self.devices.get(self.dev)
+    }
+
+    pub fn events_len(&self) -> usize {
+        self.device().map_or(0, |d| d.replay.device().events.len())
+    }
+
+    fn open_device(&mut self, i: usize) {
+        self.dev = i;
+        let Some(d) = self.devices.get(i) else { return };
+        // Start where the story is: the OOM, else the peak, else the end.
+        let at = d.oom.or(d.replay.peak_allocated.1).or_else(|| self.events_len().checked_sub(1).map(|n| n as u32));
+        self.cursor = None;
+        self.state = State::default();
+        self.move_to(at);
+    }
+
+    /// Moves the cursor, computing the state incrementally when moving forward a little.
+    pub fn move_to(&mut self, to: Option<u32>) {
+        let Some(d) = self.devices.get(self.dev) else { return };
+        let n = d.replay.device().events.len();
+        let to = to.map(|t| t.min(n.saturating_sub(1) as u32)).filter(|_| n > 0);
+        let fresh = self.rows.is_empty() && self.state.segments.is_empty();
+        match (self.cursor, to) {
+            (Some(c), Some(t)) if !fresh && t >= c && t - c <= 4096 => d.replay.advance(&mut self.state, Some(c), t),
+            _ => self.state = d.replay.state_at(to),
+        }
+        if n == 0 {
+            self.state = State::from_segments(&d.replay.device().segments);
+        }
+        self.cursor = to;
+        self.rebuild_rows();
+    }
+
+    fn culprit(&mut self, stack: StackId) -> String {
+        let tl = self.tl;
+        self.culprits.entry(stack).or_insert_with(|| culprit(tl, stack)).clone()
+    }
+
+    /// Rebuilds the live table: the cursor, filter, grouping or sort changed.
+    pub fn rebuild_rows(&mut self) {
+        let Some(d) = self.devices.get(self.dev) else { return };
+        let events = &d.replay.device().events;
+        let now = self.cursor.and_then(|c| events[c as usize].time_us());
+        let mut live: Vec<(u64, u64, u64, Option<u32>, StackId)> = self
+            .state
+            .allocated_blocks()
+            .map(|(seg, addr, b)| (b.size, addr, seg.stream, b.alloc_event, b.stack))
+            .collect();
+        live.sort_unstable_by_key(|r| r.1);
+        let mut rows = Vec::with_capacity(live.len());
+        let filter = self.filter.to_lowercase();
+        for (bytes, address, stream, alloc_event, stack) in live {
+            let culprit = self.culprit(stack);
+            if !filter.is_empty() && !self.stack_text(stack).contains(&filter) && !culprit.to_lowercase().contains(&filter)
+            {
+                continue;
+            }
+            let age_us = match (now, alloc_event.and_then(|i| events[i as usize].time_us())) {
+                (Some(n), Some(t)) => Some(n - t),
+                _ => None,
+            };
+            let category = self.cats.of(stack);
+            rows.push(Row { bytes, count: 1, address, stream, alloc_event, age_us, category, culprit, stack });
+        }
+        if self.group {
+            let mut by: FxHashMap<StackId, Row> = FxHashMap::default();
+            for r in rows {
+                by.entry(r.stack)
+                    .and_modify(|g| {
+                        g.bytes += r.bytes;
+                        g.count += 1;
+                        g.age_us = g.age_us.max(r.age_us);
+                    })
+                    .or_insert(r);
+            }
+            rows = by.into_values().collect();
+        }
+        match self.sort {
+            Sort::Size => rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.address.cmp(&b.address))),
+            Sort::Age => rows.sort_by(|a, b| b.age_us.cmp(&a.age_us).then(b.bytes.cmp(&a.bytes))),
+            Sort::Stream => rows.sort_by(|a, b| a.stream.cmp(&b.stream).then(b.bytes.cmp(&a.bytes))),
+        }
+        self.rows = rows;
+        self.selected = self.selected.min(self.rows.len().saturating_sub(1));
+    }
+
+    fn stack_text(&self, stack: StackId) -> String {
+        let tl = self.tl;
+        tl.stacks
+            .stack(stack)
+            .iter()
+            .map(|&f| {
+                let f = tl.stacks.frame(f);
+                format!("{} {}", tl.strings.get(f.filename), tl.strings.get(f.name))
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_lowercase()
+    }
+
+    fn rows_len(&self) -> usize {
+        match self.panel {
+            Panel::Live => self.rows.len(),
+            Panel::Segments => self.state.segments.len(),
+            Panel::Findings => self.findings.len(),
+        }
+    }
+
+    /// Applies one action.
+    pub fn update(&mut self, action: Action) {
+        let n = self.events_len() as i64;
+        let cur = self.cursor.map_or(-1, |c| c as i64);
+        match action {
+            Action::Quit => self.quit = true,
+            Action::Back => {
+                if self.help {
+                    self.help = false;
+                } else if self.detail {
+                    self.detail = false;
+                } else {
+                    self.quit = true;
+                }
+            }
+            Action::Step(k) => self.step_to(cur + k, n),
+            Action::Page(k) => self.step_to(cur + k * (n / 20).max(1), n),
+            Action::Jump(j) => {
+                let d = self.device();
+                let target = match j {
+                    Jump::Oom => d.and_then(|d| d.oom),
+                    Jump::Peak => d.and_then(|d| d.replay.peak_allocated.1),
+                    Jump::Start => (n > 0).then_some(0),
+                    Jump::End => (n > 0).then(|| (n - 1) as u32),
+                    Jump::Event(e) => Some(e),
+                };
+                if target.is_some() {
+                    self.move_to(target);
+                }
+            }
+            Action::NextPanel | Action::PrevPanel => {
+                let order = [Panel::Live, Panel::Segments, Panel::Findings];
+                let i = order.iter().position(|p| *p == self.panel).unwrap_or(0);
+                let k = if action == Action::NextPanel { 1 } else { order.len() - 1 };
+                self.panel = order[(i + k) % order.len()];
+                self.selected = 0;
+                self.detail = false;
+            }
+            Action::Select(k) => {
+                let len = self.rows_len() as i64;
+                if len > 0 {
+                    self.selected = (self.selected as i64 + k).clamp(0, len - 1) as usize;
+                }
+            }
+            Action::Open => match self.panel {
+                Panel::Live => self.detail = !self.rows.is_empty(),
+                Panel::Segments => {}
+                Panel::Findings => {
+                    if let Some(f) = self.findings.get(self.selected) {
+                        let to_oom = f.evidence.get("oom.present").is_some()
+                            || f.evidence.as_object().is_some_and(|o| o.keys().any(|k| k.starts_with("oom.")));
+                        if let Some(i) = self.devices.iter().position(|d| Some(d.device) == f.device) {
+                            if i != self.dev {
+                                self.open_device(i);
+                            }
+                        }
+                        let d = self.device();
+                        let target = if to_oom { d.and_then(|d| d.oom) } else { None }
+                            .or_else(|| d.and_then(|d| d.oom.or(d.replay.peak_allocated.1)));
+                        if target.is_some() {
+                            self.move_to(target);
+                        }
+                        self.panel = Panel::Live;
+                        self.selected = 0;
+                    }
+                }
+            },
+            Action::CycleSort => {
+                self.sort = match self.sort {
+                    Sort::Size => Sort::Age,
+                    Sort::Age => Sort::Stream,
+                    Sort::Stream => Sort::Size,
+                };
+                self.rebuild_rows();
+            }
+            Action::ToggleGroup => {
+                self.group = !self.group;
+                self.selected = 0;
+                self.rebuild_rows();
+            }
+            Action::StartFilter => {
+                self.filtering = true;
+                self.panel = Panel::Live;
+            }
+            Action::FilterChar(c) => {
+                self.filter.push(c);
+                self.selected = 0;
+                self.rebuild_rows();
+            }
+            Action::FilterBackspace => {
+                self.filter.pop();
+                self.rebuild_rows();
+            }
+            Action::FilterDone => self.filtering = false,
+            Action::FilterCancel => {
+                self.filtering = false;
+                self.filter.clear();
+                self.rebuild_rows();
+            }
+            Action::NextDevice => {
+                if self.devices.len() > 1 {
+                    self.open_device((self.dev + 1) % self.devices.len());
+                }
+            }
+            Action::ToggleHelp => self.help = !self.help,
+        }
+    }
+
+    fn step_to(&mut self, target: i64, n: i64) {
+        if n == 0 {
+            return;
+        }
+        let t = target.clamp(0, n - 1) as u32;
+        self.move_to(Some(t));
+    }
+
+    /// The selected live row, if any.
+    pub fn selected_row(&self) -> Option<&Row> {
+        (self.panel == Panel::Live).then(|| self.rows.get(self.selected)).flatten()
+    }
+
+    /// When the selected allocation is freed after the cursor (event index), if it is.
+    pub fn freed_at(&self, row: &Row) -> Option<u32> {
+        let d = self.device()?;
+        let from = self.cursor.map_or(0, |c| c as usize + 1);
+        d.replay.device().events[from..]
+            .iter()
+            .position(|e| matches!(e.action, Ev::FreeRequested | Ev::FreeCompleted) && e.addr == row.address)
+            .map(|p| (from + p) as u32)
+    }
+
+    /// Block states of a segment at the cursor, in address order: (address, size, state).
+    pub fn segment_blocks(&self, seg: u64) -> Vec<(u64, u64, BlockState)> {
+        self.state.segment_blocks(seg).map(|(a, b)| (a, b.size, b.state)).collect()
+    }
+}
