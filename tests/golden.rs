@@ -35,4 +35,11 @@ golden! {
     real_two_gpus_state_only => "fixtures/real/text2sql-2gpu-stateonly.pickle",
     real_ten_streams_segment_churn => "fixtures/real/selectn-10streams-t21.pickle",
     real_legacy_segment_list_cuda1 => "fixtures/real/layoutedit-legacy-segment-list.pickle",
+    generated_v1_13_segment_list => "fixtures/generated/shapes/v1.13-segments.pickle",
+    generated_v2_0_history_protocol_2 => "fixtures/generated/shapes/v2.0-history-proto2.pickle",
+    generated_v2_1_oom_and_pending_frees => "fixtures/generated/shapes/v2.1-oom-pending.pickle",
+    generated_v2_8_expandable_map_unmap_oom => "fixtures/generated/shapes/v2.8-expandable-oom.pickle",
+    generated_v2_8_wrapped_trace => "fixtures/generated/shapes/v2.8-wrapped-trace.pickle",
+    generated_v2_15_two_devices_private_pool_protocol_5 => "fixtures/generated/shapes/v2.15-multidevice-pool.pickle",
+    generated_fragmentation_oom => "fixtures/generated/rules/fragmentation-fire.pickle",
 }

@@ -18,7 +18,7 @@ const TRACE: u8 = 3;
 
 /// Every key (and action name) the reader looks for, interned first into a fresh string table so that its id is
 /// its index here: matching a key is then a `match` on a constant.
-const KEY_NAMES: [&str; 49] = [
+const KEY_NAMES: [&str; 50] = [
     "filename",
     "name",
     "line",
@@ -68,6 +68,7 @@ const KEY_NAMES: [&str; 49] = [
     "snapshot",
     "oom",
     "annotate",
+    "internal_metadata",
 ];
 
 #[allow(dead_code)]
@@ -122,6 +123,7 @@ mod k {
     pub const A_SNAPSHOT: StrId = 46;
     pub const A_OOM: StrId = 47;
     pub const A_ANNOTATE: StrId = 48;
+    pub const INTERNAL_METADATA: StrId = 49;
 }
 
 fn intern_keys(s: &mut Strings) {
@@ -157,6 +159,7 @@ struct SnapshotBuilder {
     seen_compile_context: bool,
     seen_user_metadata: bool,
     seen_pool_id: bool,
+    seen_internal_metadata: bool,
 }
 
 fn want_u64(v: &Value, key: &str, what: &str) -> Result<u64, String> {
@@ -226,6 +229,8 @@ impl SnapshotBuilder {
                     }
                     self.seen_pool_id = true;
                 }
+                // Written only when non-empty (2.15+): its presence dates the file, its value is not used.
+                k::INTERNAL_METADATA => self.seen_internal_metadata = true,
                 _ => {}
             }
         }
@@ -316,6 +321,7 @@ pub fn read<R: Read>(src: R, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Sn
         seen_compile_context: false,
         seen_user_metadata: false,
         seen_pool_id: false,
+        seen_internal_metadata: false,
     };
     let parsed = pickle::read(src, &mut b, strings, progress)?;
     let SnapshotBuilder {
@@ -325,6 +331,7 @@ pub fn read<R: Read>(src: R, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Sn
         seen_compile_context,
         seen_user_metadata,
         seen_pool_id,
+        seen_internal_metadata,
         ..
     } = b;
     let mut d =
@@ -444,6 +451,7 @@ pub fn read<R: Read>(src: R, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Sn
     version.compile_context = seen_compile_context;
     version.user_metadata = seen_user_metadata;
     version.pool_id = seen_pool_id;
+    version.internal_metadata = seen_internal_metadata;
     let format_version = version.describe();
 
     tl.stacks = d.stacks;
@@ -490,6 +498,7 @@ struct Version {
     user_metadata: bool,
     pool_id: bool,
     host: bool,
+    internal_metadata: bool,
 }
 
 impl Version {
@@ -507,6 +516,7 @@ impl Version {
             return "torch 2.0 (block history)".into();
         }
         let at_least = [
+            (self.internal_metadata, "2.15"),
             (self.host, "2.14"),
             (self.max_cached_size, "2.13"),
             (self.pool_id, "2.12"),
