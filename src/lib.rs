@@ -8,6 +8,7 @@ pub mod ingest;
 pub mod report;
 pub mod rules;
 pub mod timeline;
+pub mod tui;
 pub mod units;
 
 /// Every error oomdoc reports: one line, naming the file and where in it.

@@ -48,6 +48,17 @@ enum Command {
     Rules(RulesArgs),
     /// Explain what a rule checks, why, and what it suggests.
     Explain(ExplainArgs),
+    /// Browse the timeline and the live allocations at any moment in the terminal (opens at the OOM).
+    #[command(after_help = "Keys: ←/→ step, PgUp/PgDn page, o OOM, p peak, Home/End, Tab panel, ↑/↓ select,\n  \
+        Enter open, / filter, g group by stack, s sort, d next GPU, ? help, q quit.\n\n\
+        Example:\n  oomdoc tui mem_snapshot.pickle")]
+    Tui(TuiArgs),
+}
+
+#[derive(clap::Args)]
+struct TuiArgs {
+    #[command(flatten)]
+    input: InputArgs,
 }
 
 #[derive(clap::Args)]
@@ -167,6 +178,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Command::Analyze(args) => analyze(args),
         Command::Facts(args) => facts(args),
+        Command::Tui(args) => tui(args),
         Command::Rules(args) => {
             let rules = load_rules(args.rules.as_ref())?;
             let mut out = String::new();
@@ -313,6 +325,22 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
     write_out(args.output.as_ref(), &out)?;
     let failed = matches!((fail_on, worst), (Some(f), Some(w)) if w >= f);
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+fn tui(args: TuiArgs) -> Result<ExitCode, Error> {
+    if args.input.files.len() > 1 {
+        return Err(Error::Usage("oomdoc tui opens one snapshot at a time; run it once per file".into()));
+    }
+    if !std::io::stdout().is_terminal() {
+        return Err(Error::Usage("oomdoc tui needs a terminal; use `oomdoc analyze` for a report".into()));
+    }
+    let cats = load_categories(args.input.rules.as_ref())?;
+    for_each_input(&args.input, 10, |tl, a| {
+        let path = a.inputs.first().map_or(String::new(), |i| format!("{} ({})", i.path, i.format_version));
+        let mut app = oomdoc::tui::App::new(tl, &a, &cats, path);
+        oomdoc::tui::run(&mut app).map_err(|source| Error::Io { path: "<terminal>".into(), source })
+    })?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn facts(args: FactsArgs) -> Result<ExitCode, Error> {

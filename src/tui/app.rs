@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::analysis::categories::{CategoryCache, Categorizer};
+use crate::analysis::categories::{Categorizer, CategoryCache};
 use crate::analysis::{culprit, Analysis, Finding};
 use crate::timeline::replay::{Replay, State};
 use crate::timeline::stacks::StackId;
@@ -192,7 +192,9 @@ impl<'t> App<'t> {
         let filter = self.filter.to_lowercase();
         for (bytes, address, stream, alloc_event, stack) in live {
             let culprit = self.culprit(stack);
-            if !filter.is_empty() && !self.stack_text(stack).contains(&filter) && !culprit.to_lowercase().contains(&filter)
+            if !filter.is_empty()
+                && !self.stack_text(stack).contains(&filter)
+                && !culprit.to_lowercase().contains(&filter)
             {
                 continue;
             }

@@ -21,10 +21,25 @@ macro_rules! bind {
 
 pub fn bindings() -> Vec<Binding> {
     vec![
-        bind!("← →", "previous / next event", |k| k.code == KeyCode::Left && !k.modifiers.contains(KeyModifiers::SHIFT), Action::Step(-1)),
+        bind!(
+            "← →",
+            "previous / next event",
+            |k| k.code == KeyCode::Left && !k.modifiers.contains(KeyModifiers::SHIFT),
+            Action::Step(-1)
+        ),
         bind!("", "", |k| k.code == KeyCode::Right && !k.modifiers.contains(KeyModifiers::SHIFT), Action::Step(1)),
-        bind!("Shift ← →", "100 events back / forward", |k| matches!(k.code, KeyCode::Left) && k.modifiers.contains(KeyModifiers::SHIFT), Action::Step(-100)),
-        bind!("", "", |k| matches!(k.code, KeyCode::Right) && k.modifiers.contains(KeyModifiers::SHIFT), Action::Step(100)),
+        bind!(
+            "Shift ← →",
+            "100 events back / forward",
+            |k| matches!(k.code, KeyCode::Left) && k.modifiers.contains(KeyModifiers::SHIFT),
+            Action::Step(-100)
+        ),
+        bind!(
+            "",
+            "",
+            |k| matches!(k.code, KeyCode::Right) && k.modifiers.contains(KeyModifiers::SHIFT),
+            Action::Step(100)
+        ),
         bind!("PgUp PgDn", "a twentieth of the trace back / forward", |k| k.code == KeyCode::PageUp, Action::Page(-1)),
         bind!("", "", |k| k.code == KeyCode::PageDown, Action::Page(1)),
         bind!("o", "jump to the OOM", |k| k.code == KeyCode::Char('o'), Action::Jump(Jump::Oom)),
@@ -35,14 +50,29 @@ pub fn bindings() -> Vec<Binding> {
         bind!("", "", |k| k.code == KeyCode::BackTab, Action::PrevPanel),
         bind!("↑ ↓", "select a row", |k| k.code == KeyCode::Up || k.code == KeyCode::Char('k'), Action::Select(-1)),
         bind!("", "", |k| k.code == KeyCode::Down || k.code == KeyCode::Char('j'), Action::Select(1)),
-        bind!("Enter", "open the selected row (a stack, or where a finding points)", |k| k.code == KeyCode::Enter, Action::Open),
+        bind!(
+            "Enter",
+            "open the selected row (a stack, or where a finding points)",
+            |k| k.code == KeyCode::Enter,
+            Action::Open
+        ),
         bind!("s", "sort live allocations: size, age, stream", |k| k.code == KeyCode::Char('s'), Action::CycleSort),
         bind!("g", "group live allocations by allocating stack", |k| k.code == KeyCode::Char('g'), Action::ToggleGroup),
-        bind!("/", "filter live allocations by text in their stack", |k| k.code == KeyCode::Char('/'), Action::StartFilter),
+        bind!(
+            "/",
+            "filter live allocations by text in their stack",
+            |k| k.code == KeyCode::Char('/'),
+            Action::StartFilter
+        ),
         bind!("d", "next GPU", |k| k.code == KeyCode::Char('d'), Action::NextDevice),
         bind!("?", "this help", |k| k.code == KeyCode::Char('?'), Action::ToggleHelp),
-        bind!("q Esc", "quit (Esc closes help or the stack first)", |k| k.code == KeyCode::Char('q')
-            || (k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL)), Action::Quit),
+        bind!(
+            "q Esc",
+            "quit (Esc closes help or the stack first)",
+            |k| k.code == KeyCode::Char('q')
+                || (k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL)),
+            Action::Quit
+        ),
         bind!("", "", |k| k.code == KeyCode::Esc, Action::Back),
     ]
 }

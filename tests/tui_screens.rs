@@ -1,0 +1,134 @@
+//! What each view of `oomdoc tui` shows, drawn on ratatui's TestBackend: a real snapshot and a generated OOM.
+//! Review changes with `cargo insta review`.
+
+use oomdoc::analysis::{self, categories::Categorizer, Options};
+use oomdoc::rules::{sort_findings, RuleSet};
+use oomdoc::timeline::Timeline;
+use oomdoc::tui::app::{Action, Jump, Panel};
+use oomdoc::tui::{view, App};
+use ratatui::backend::TestBackend;
+use ratatui::Terminal;
+
+fn load(path: &str) -> (Timeline, analysis::Analysis) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tl = oomdoc::ingest::load(&root.join(path), false).unwrap();
+    let cats = Categorizer::builtin();
+    let mut a = analysis::analyze(&tl, &Options::default(), &cats).unwrap();
+    let rules = RuleSet::builtin();
+    for d in &a.devices {
+        a.findings.extend(rules.evaluate(d.device, &d.facts));
+    }
+    sort_findings(&mut a.findings);
+    (tl, a)
+}
+
+/// The screen as text, one line per row (colours and styles dropped).
+fn screen(app: &App, w: u16, h: u16) -> String {
+    let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
+    term.draw(|f| view::draw(f, app)).unwrap();
+    let buf = term.backend().buffer().clone();
+    let mut out = String::new();
+    for y in 0..h {
+        let mut line = String::new();
+        for x in 0..w {
+            line.push_str(buf[(x, y)].symbol());
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn actions(app: &mut App, list: &[Action]) {
+    for a in list {
+        app.update(a.clone());
+    }
+}
+
+#[test]
+fn oom_fixture_every_view() {
+    let (tl, a) = load("fixtures/generated/rules/fragmentation-fire.pickle");
+    let cats = Categorizer::builtin();
+    let mut app = App::new(&tl, &a, &cats, "fragmentation-fire.pickle".into());
+    // Opens at the OOM.
+    let oom = tl.devices[0].events.len() as u32 - 1;
+    assert_eq!(app.cursor, Some(oom));
+    insta::assert_snapshot!("oom_live", screen(&app, 120, 36));
+
+    actions(&mut app, &[Action::ToggleGroup]);
+    insta::assert_snapshot!("oom_live_grouped", screen(&app, 120, 36));
+
+    actions(&mut app, &[Action::ToggleGroup, Action::StartFilter]);
+    for c in "build_model".chars() {
+        app.update(Action::FilterChar(c));
+    }
+    actions(&mut app, &[Action::FilterDone, Action::Select(2), Action::Open]);
+    assert!(app.rows.iter().all(|r| r.category == "parameter"), "the filter keeps only build_model's allocations");
+    insta::assert_snapshot!("oom_live_filtered_stack", screen(&app, 120, 36));
+
+    actions(&mut app, &[Action::Back, Action::FilterCancel, Action::NextPanel]);
+    assert_eq!(app.panel, Panel::Segments);
+    insta::assert_snapshot!("oom_segments", screen(&app, 120, 36));
+
+    actions(&mut app, &[Action::NextPanel]);
+    insta::assert_snapshot!("oom_findings", screen(&app, 120, 36));
+
+    // Enter on the finding goes back to the OOM, on the live table.
+    actions(&mut app, &[Action::Jump(Jump::Start), Action::Open]);
+    assert_eq!((app.panel, app.cursor), (Panel::Live, Some(oom)));
+
+    actions(&mut app, &[Action::ToggleHelp]);
+    insta::assert_snapshot!("help", screen(&app, 120, 36));
+}
+
+#[test]
+fn real_snapshot_cursor_moves_and_small_terminal() {
+    let (tl, a) = load("fixtures/real/decomfl-t29.pickle");
+    let cats = Categorizer::builtin();
+    let mut app = App::new(&tl, &a, &cats, "decomfl-t29.pickle".into());
+    insta::assert_snapshot!("real_peak_live", screen(&app, 120, 36));
+    // Stepping forward incrementally lands on the same state as a fresh replay to the same event.
+    actions(
+        &mut app,
+        &[Action::Jump(Jump::Start), Action::Step(1), Action::Step(1), Action::Page(1), Action::Step(-1)],
+    );
+    let at = app.cursor;
+    let fresh = app.device().unwrap().replay.state_at(at);
+    assert_eq!((app.state.allocated, app.state.reserved), (fresh.allocated, fresh.reserved));
+    actions(&mut app, &[Action::Jump(Jump::End), Action::NextPanel]);
+    insta::assert_snapshot!("real_end_segments", screen(&app, 120, 36));
+    // A tiny terminal must not panic.
+    for (w, h) in [(20, 5), (1, 1), (60, 12)] {
+        screen(&app, w, h);
+    }
+}
+
+#[test]
+fn two_devices_switch() {
+    let (tl, a) = load("fixtures/generated/shapes/v2.15-multidevice-pool.pickle");
+    let cats = Categorizer::builtin();
+    let mut app = App::new(&tl, &a, &cats, "v2.15-multidevice-pool.pickle".into());
+    assert_eq!(app.device().unwrap().device, 0);
+    app.update(Action::NextDevice);
+    assert_eq!(app.device().unwrap().device, 1);
+    insta::assert_snapshot!("second_gpu_live", screen(&app, 120, 30));
+}
+
+#[test]
+fn incremental_cursor_agrees_with_checkpoint_replay_everywhere() {
+    let (tl, a) = load("fixtures/generated/rules/leaked-references-fire-oom.pickle");
+    let cats = Categorizer::builtin();
+    let mut app = App::new(&tl, &a, &cats, String::new());
+    app.update(Action::Jump(Jump::Start));
+    let n = tl.devices[0].events.len();
+    for _ in 1..n {
+        app.update(Action::Step(1));
+        let fresh = app.device().unwrap().replay.state_at(app.cursor);
+        assert_eq!(
+            (app.state.allocated, app.state.active, app.state.reserved, app.state.largest_free_block()),
+            (fresh.allocated, fresh.active, fresh.reserved, fresh.largest_free_block()),
+            "at event {:?}",
+            app.cursor
+        );
+    }
+}
