@@ -174,8 +174,8 @@ fn draw_live(f: &mut Frame, app: &App, area: Rect) {
         Sort::Age => "age",
         Sort::Stream => "stream",
     };
-    let what = if app.group { "live memory by allocating stack" } else { "live allocations" };
-    let mut title = format!("{what} at the cursor ({}) · sort: {sort}", app.rows.len());
+    let what = if app.group { "live by stack" } else { "live allocations" };
+    let mut title = format!("{what} ({}) · sort: {sort}", app.rows.len());
     if !app.filter.is_empty() {
         title.push_str(&format!(" · filter: {}", app.filter));
     }
@@ -202,10 +202,10 @@ fn draw_live(f: &mut Frame, app: &App, area: Rect) {
     let table = Table::new(
         rows,
         [
-            Constraint::Length(10),
-            Constraint::Length(10),
-            Constraint::Length(10),
-            Constraint::Length(12),
+            Constraint::Length(9),
+            Constraint::Length(9),
+            Constraint::Length(8),
+            Constraint::Length(11),
             Constraint::Min(10),
         ],
     )
