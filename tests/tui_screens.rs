@@ -132,3 +132,20 @@ fn incremental_cursor_agrees_with_checkpoint_replay_everywhere() {
         );
     }
 }
+
+#[test]
+fn real_snapshot_with_findings_every_view() {
+    let (tl, a) = load("fixtures/real/cs336-kk-fullstep-57gb.pickle");
+    let cats = Categorizer::builtin();
+    let mut app = App::new(&tl, &a, &cats, "cs336-kk-fullstep-57gb.pickle".into());
+    actions(&mut app, &[Action::ToggleGroup]);
+    insta::assert_snapshot!("real_findings_file_grouped", screen(&app, 120, 36));
+    actions(&mut app, &[Action::ToggleGroup, Action::NextPanel, Action::Select(3)]);
+    insta::assert_snapshot!("real_findings_file_segments", screen(&app, 120, 36));
+    actions(&mut app, &[Action::NextPanel]);
+    assert_eq!(app.findings.len(), 2);
+    insta::assert_snapshot!("real_findings_file_findings", screen(&app, 120, 36));
+    actions(&mut app, &[Action::Select(1), Action::Open]);
+    assert_eq!(app.panel, Panel::Live);
+    assert_eq!(app.cursor, app.device().unwrap().replay.peak_allocated.1, "a finding without an OOM goes to the peak");
+}

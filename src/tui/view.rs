@@ -417,6 +417,7 @@ fn draw_finding_detail(f: &mut Frame, app: &App, area: Rect) {
             let v = match (v.as_u64(), v.as_str()) {
                 (Some(n), _) if k.ends_with("bytes") => bytes(n),
                 (_, Some(s)) => s.to_string(),
+                _ if v.is_f64() => format!("{:.3}", v.as_f64().unwrap_or(0.0)).trim_end_matches('0').to_string(),
                 _ => v.to_string(),
             };
             lines.push(Line::from(vec![Span::from(format!("{k}: ")).dim(), Span::from(v)]));
