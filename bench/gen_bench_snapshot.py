@@ -35,8 +35,8 @@ import zlib
 from array import array
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-STACK_DEPTH = 30
-VARIANTS_PER_SITE = 24  # stack variants per (kind, context, op); tuned so the pool is ~2,000 stacks
+STACK_DEPTH = 37         # frames per stack (--depth); tuned so 1M unshared entries are ~760 MB
+VARIANTS_PER_SITE = 30  # stack variants per (kind, context, op); tuned so ~2,000 stacks are used
 
 # ----------------------------------------------------------------------------------------------------------
 # Frames
@@ -284,24 +284,26 @@ class StackPool:
         return fit(CORE_FREE + py)  # "free"
 
     def get(self, kind, ctx, op, key, node=None, evaluating=False):
+        """The stack of one call site. Sites sharing (kind, ctx, op, node) take turns over up to
+        VARIANTS_PER_SITE distinct variants (built on first use, so the pool holds only used stacks)."""
         trip = (kind, ctx, op, node, evaluating)
-        vs = self.variants.get(trip)
-        if vs is None:
-            seen, vs = set(), []
-            for v in range(VARIANTS_PER_SITE * 4):
-                st = self._build(kind, ctx, op, node, evaluating, v)
-                if st not in seen:
-                    seen.add(st)
-                    vs.append(self._intern(st))
-                if len(vs) == VARIANTS_PER_SITE:
-                    break
-            self.variants[trip] = vs
         sk = (trip, key)
         sid = self.site.get(sk)
-        if sid is None:
-            cnt = self.site.get((trip, "#"), 0)
-            self.site[(trip, "#")] = cnt + 1
-            sid = self.site[sk] = vs[cnt % len(vs)]
+        if sid is not None:
+            return sid
+        st = self.variants.get(trip)
+        if st is None:
+            st = self.variants[trip] = {"ids": [], "seen": set(), "tries": 0, "sites": 0}
+        ids = st["ids"]
+        want = st["sites"] % VARIANTS_PER_SITE
+        st["sites"] += 1
+        while want >= len(ids) and st["tries"] < VARIANTS_PER_SITE * 4:
+            s_ = self._build(kind, ctx, op, node, evaluating, st["tries"])
+            st["tries"] += 1
+            if s_ not in st["seen"]:
+                st["seen"].add(s_)
+                ids.append(self._intern(s_))
+        sid = self.site[sk] = ids[want % len(ids)]
         return sid
 
 
@@ -445,7 +447,7 @@ def program(rng, pool):
         S = rng.choice(range(640, 1025, 64))
         Tn = B * S
         act, act32, mlp, tok32 = Tn * H * 2, Tn * H * 4, Tn * I_ * 2, Tn * 4
-        ev[0] = step % 25 == 0
+        ev[0] = step % 10 == 0  # an evaluation batch (no_grad forward) every 10 steps
 
         def out(t):
             return ("a", t)
@@ -804,12 +806,12 @@ def simulate(n_entries, seed=1234):
         if op[0] == "a":
             b, p, rsize = alloc.malloc(t.req, t.stack)
             if b is None:
-                if rem < 2:  # no room for segment_alloc + alloc: this allocation never happens
-                    t.dead = True
-                    continue
                 seg = alloc.new_segment(p, rsize, t.stack)
                 now += trng.randint(50, 400)
                 tr.add(3, seg.addr, seg.size, now, t.stack)
+                if rem < 2:  # room for the segment_alloc only: the allocation itself is not recorded
+                    t.dead = True
+                    continue
                 b, _, _ = alloc.malloc(t.req, t.stack)
             now += trng.randint(2, 40)
             tr.add(0, b.addr, t.req, now, t.stack)
@@ -941,7 +943,7 @@ class StreamPickler:
         self.n = 0
         f.write(b"\x80\x04")
 
-    # framing: a frame is committed at the first save() boundary where it holds >= 64 KiB
+    # framing: when a save() begins and the current frame holds >= 64 KiB, the frame is committed
     def boundary(self):
         if len(self.buf) >= FRAME_TARGET:
             self.commit()
@@ -963,6 +965,7 @@ class StreamPickler:
         self.buf += b"\x94"
 
     def save(self, obj):
+        self.boundary()
         w = self.buf
         t = type(obj)
         if obj is None:
@@ -1021,7 +1024,6 @@ class StreamPickler:
                             break
             else:
                 raise TypeError(t)
-        self.boundary()
 
     def save_items(self, lst, save_one=None):
         save_one = save_one or self.save
@@ -1044,7 +1046,7 @@ class StreamPickler:
 
 
 class Chunk:
-    """Pre-encoded opcodes plus the offsets of the save() boundaries inside them."""
+    """Pre-encoded opcodes plus the offsets where a save() begins inside them (where a frame may end)."""
     __slots__ = ("data", "bounds")
 
     def __init__(self):
@@ -1054,22 +1056,28 @@ class Chunk:
     def raw(self, b):
         self.data += b
 
-    def op(self, b):  # a complete save(): bytes then a boundary
-        self.data += b
+    def mark(self):  # a save() begins here
         self.bounds.append(len(self.data))
+
+    def op(self, b):  # a complete save() of an atom or a memo reference
+        self.bounds.append(len(self.data))
+        self.data += b
 
 
 def stream_unshared(f, pool, alloc, tr):
     p = StreamPickler(f)
     objs = Objects(pool, shared=False)
+    p.boundary()
     p.buf += b"}"
     p.memoize({})  # the top-level dict (never referenced again)
     p.buf += b"("
     p.save(K["segments"])
     p.save(build_segments(alloc, objs))
     p.save(K["device_traces"])
+    p.boundary()
     p.buf += b"]"
     p.memoize([])
+    p.boundary()
     p.buf += b"]"
     p.memoize([])
 
@@ -1088,11 +1096,12 @@ def stream_unshared(f, pool, alloc, tr):
             if None in parts:
                 return None
             c = Chunk()
+            c.mark()
             c.raw(b"}\x94(")
             for x in parts:
                 c.op(x)
             c.op(enc_int(ln))
-            c.op(b"u")
+            c.raw(b"u")
             frame_cache[fid] = c
         return c
 
@@ -1100,6 +1109,7 @@ def stream_unshared(f, pool, alloc, tr):
         c = blob_cache.get(sid)
         if c is None:
             c = Chunk()
+            c.mark()
             c.raw(b"]\x94(")
             for fid in pool.stacks[sid]:
                 fc = frame_chunk(fid)
@@ -1108,7 +1118,7 @@ def stream_unshared(f, pool, alloc, tr):
                 base = len(c.data)
                 c.data += fc.data
                 c.bounds += [base + o for o in fc.bounds]
-            c.op(b"e")
+            c.raw(b"e")
             c.data = bytes(c.data)
             blob_cache[sid] = c
         return c
@@ -1145,17 +1155,20 @@ def stream_unshared(f, pool, alloc, tr):
             buf += sc.data
             buf += b"u"
             return
-        # a frame ends inside this entry: split at the first boundary that reaches the target
+        # a frame may end inside this entry: split at the first save() that begins at >= 64 KiB
         c = Chunk()
+        c.mark()
         c.raw(b"}\x94(")
         for x in pieces:
             c.op(x)
         base = len(c.data)
         c.data += sc.data
         c.bounds += [base + o for o in sc.bounds]
-        c.op(b"u")
-        lim = FRAME_TARGET - len(buf)
-        j = bisect.bisect_left(c.bounds, lim)
+        c.raw(b"u")
+        j = bisect.bisect_left(c.bounds, FRAME_TARGET - len(buf))
+        if j == len(c.bounds):
+            buf += c.data
+            return
         cut = c.bounds[j]
         buf += c.data[:cut]
         p.commit()
@@ -1186,15 +1199,12 @@ def stream_unshared(f, pool, alloc, tr):
                 save_entry(j)
             p.buf += b"e"
             i += 1000
-    p.boundary()  # end of the trace list
     p.buf += b"a"
-    p.boundary()  # end of device_traces
     p.save(K["allocator_settings"])
     p.save(allocator_settings())
     p.save(K["external_annotations"])
     p.save([])
     p.buf += b"u"
-    p.boundary()  # end of the top-level dict
     p.finish()
 
 
@@ -1257,7 +1267,7 @@ def verify(path):
     segs = {}
     for e in trace:
         a = e["action"]
-        assert len(e["frames"]) == STACK_DEPTH, "stack depth"
+        assert len(e["frames"]) == len(trace[0]["frames"]), "stack depth differs"
         if a == "alloc":
             assert e["addr"] not in live
             live[e["addr"]] = e["size"]
@@ -1284,24 +1294,75 @@ def verify(path):
     assert set(active) == set(live), "live allocations differ"
     rep_req = sum(live.values())
     blk_req = sum(active.values())
-    rounded = sum(max(512, -(-v // 512) * 512) for v in live.values())
     assert rep_req == blk_req
-    assert act_size >= rounded
+    # an independent address-level replay with torch's rounding / split / merge rules gives every block
+    seg_type = {sg["address"]: sg["segment_type"] for sg in snap["segments"]}
+    blk, end2start, owner = {}, {}, {}  # start -> [size, active]; end -> start; start -> segment address
+
+    def put(a, size, act, seg):
+        blk[a] = [size, act]
+        end2start[a + size] = a
+        owner[a] = seg
+
+    def drop(a):
+        size, _ = blk.pop(a)
+        del end2start[a + size]
+        return owner.pop(a)
+
+    for e in trace:
+        a = e["action"]
+        if a == "segment_alloc":
+            put(e["addr"], e["size"], False, e["addr"])
+        elif a == "alloc":
+            size, act = blk[e["addr"]]
+            assert not act
+            seg = drop(e["addr"])
+            rsize = max(512, -(-e["size"] // 512) * 512)
+            rem = size - rsize
+            if rem >= 512 if seg_type[seg] == "small" else rem > K_SMALL:
+                put(e["addr"] + rsize, rem, False, seg)
+                size = rsize
+            put(e["addr"], size, True, seg)
+        elif a == "free_completed":
+            start = e["addr"]
+            size, act = blk[start]
+            assert act
+            seg = drop(start)
+            nxt = start + size
+            if nxt in blk and not blk[nxt][1] and owner[nxt] == seg:
+                size += blk[nxt][0]
+                drop(nxt)
+            prv = end2start.get(start)
+            if prv is not None and not blk[prv][1] and owner[prv] == seg:
+                size += blk[prv][0]
+                drop(prv)
+                start = prv
+            put(start, size, False, seg)
+    replayed = sorted((a, sz, act) for a, (sz, act) in blk.items())
+    recorded = sorted((b["address"], b["size"], b["state"] == "active_allocated")
+                      for sg in snap["segments"] for b in sg["blocks"])
+    assert replayed == recorded, "replayed blocks differ from segments"
+    rep_active = sum(sz for _, sz, act in replayed if act)
+    assert rep_active == act_size
     frames = {(f["name"], f["filename"], f["line"]) for e in trace for f in e["frames"]}
     stacks = {tuple((f["name"], f["filename"], f["line"]) for f in e["frames"]) for e in trace}
     list_ids = len({id(e["frames"]) for e in trace})
-    print("%s: OK — %d entries, %d segments, %d live allocations; replayed requested bytes %d == active "
-          "blocks' requested_size %d; active block bytes %d (rounded replay %d, + unsplit tails); "
-          "%d distinct stacks, %d distinct frames, %d distinct frame-list objects"
-          % (path, len(trace), len(snap["segments"]), len(live), rep_req, blk_req, act_size, rounded,
-             len(stacks), len(frames), list_ids))
+    print("%s: OK — %d entries, %d segments, %d live allocations\n"
+          "  active_allocated block bytes in segments %d == replayed from the trace %d "
+          "(requested bytes %d == %d); all %d blocks match the replay\n"
+          "  %d distinct stacks, %d distinct frames, %d distinct frame-list objects in the trace"
+          % (path, len(trace), len(snap["segments"]), len(live), act_size, rep_active, blk_req, rep_req,
+             len(recorded), len(stacks), len(frames), list_ids))
 
 
 def main():
+    global STACK_DEPTH
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--entries", type=int)
     ap.add_argument("--variant", choices=["shared", "unshared"])
     ap.add_argument("-o", "--output")
+    ap.add_argument("--depth", type=int, default=STACK_DEPTH,
+                    help="frames per stack (default %(default)s: 1M unshared entries ~760 MB; 30 gives ~650 MB)")
     ap.add_argument("--writer", choices=["auto", "pickle", "stream"], default="auto",
                     help="auto: pickle.dump for shared, the streaming writer for unshared")
     ap.add_argument("--verify", metavar="PICKLE", help="load a generated file and check it")
@@ -1314,6 +1375,9 @@ def main():
         return
     if not (a.entries and a.variant and a.output):
         ap.error("--entries, --variant and -o are required")
+    if not 16 <= a.depth <= 38:
+        ap.error("--depth must be within 16..38")
+    STACK_DEPTH = a.depth
     d = os.path.dirname(os.path.abspath(a.output))
     os.makedirs(d, exist_ok=True)
     generate(a.entries, a.variant, a.output, a.writer)

@@ -237,6 +237,12 @@ pub trait Builder {
     fn close_dict(&mut self, strings: &Strings, items: &[Value]) -> Result<Option<Value>, String>;
     /// As `close_dict`, for a list.
     fn close_list(&mut self, items: &[Value]) -> Option<Value>;
+    /// Whether `Custom(kind, _)` values are pure functions of their container's items (interned frames and
+    /// stacks are; a trace entry, which the builder records as a side effect, is not). Pure values may be
+    /// replayed from the span cache instead of being decoded again.
+    fn is_pure(&self, _kind: u8) -> bool {
+        false
+    }
 }
 
 /// A builder that keeps everything generic.
@@ -380,36 +386,99 @@ pub struct Parsed {
 
 /// Memo: dense while the pickler numbers entries 0, 1, 2, … (it always does), sparse otherwise so a hostile
 /// index like 0xFFFFFFF0 costs one map entry, not 64 GB.
+///
+/// A dense slot is 4 bytes: an index into `values`, or (with `SPAN_BIT`) into `span_values`, where the memo stores
+/// of a cached span live once for all its occurrences. A snapshot whose frames are not shared has ~30 memo slots
+/// per trace entry; at 16 bytes a slot that alone was 500 MB for a million entries.
 #[derive(Default)]
 struct Memo {
-    dense: Vec<Value>,
+    slots: Vec<u32>,
+    values: Vec<Value>,
+    span_values: Vec<Value>,
     sparse: FxHashMap<u32, Value>,
+    /// A slot was stored twice (no pickler does that): memo references in equal bytes may then mean different
+    /// values, so the span cache turns itself off.
+    overwritten: bool,
+    /// More values than a slot can index (2³¹): reported as an error when the pickle ends.
+    overflow: bool,
 }
+
+const SPAN_BIT: u32 = 1 << 31;
 
 impl Memo {
     #[inline]
+    fn dense_len(&self) -> usize {
+        self.slots.len()
+    }
+
+    #[inline]
+    fn push(&mut self, v: Value) {
+        if self.values.len() >= SPAN_BIT as usize {
+            self.overflow = true;
+            return;
+        }
+        self.slots.push(self.values.len() as u32);
+        self.values.push(v);
+    }
+
+    #[inline]
     fn put(&mut self, idx: u32, v: Value) {
         let i = idx as usize;
-        if i < self.dense.len() {
-            self.dense[i] = v;
-        } else if i == self.dense.len() {
-            self.dense.push(v);
+        if i < self.slots.len() {
+            self.overwritten = true;
+            if self.values.len() >= SPAN_BIT as usize {
+                self.overflow = true;
+                return;
+            }
+            self.slots[i] = self.values.len() as u32;
+            self.values.push(v);
+        } else if i == self.slots.len() {
+            self.push(v);
         } else {
             self.sparse.insert(idx, v);
         }
     }
+
+    #[inline]
+    fn dense_get(&self, i: usize) -> Option<&Value> {
+        let s = *self.slots.get(i)?;
+        if s & SPAN_BIT != 0 {
+            self.span_values.get((s & !SPAN_BIT) as usize)
+        } else {
+            self.values.get(s as usize)
+        }
+    }
+
     #[inline]
     fn get(&self, idx: u32) -> Option<&Value> {
-        self.dense.get(idx as usize).or_else(|| self.sparse.get(&idx))
+        self.dense_get(idx as usize).or_else(|| self.sparse.get(&idx))
     }
+
+    /// Only slots holding a container still being filled are ever updated, and those are never span values.
     fn get_mut(&mut self, idx: u32) -> Option<&mut Value> {
-        match self.dense.get_mut(idx as usize) {
-            Some(v) => Some(v),
+        match self.slots.get(idx as usize) {
+            Some(&s) if s & SPAN_BIT == 0 => self.values.get_mut(s as usize),
+            Some(_) => None,
             None => self.sparse.get_mut(&idx),
         }
     }
+
+    fn mark(&self) -> (usize, usize) {
+        (self.slots.len(), self.values.len())
+    }
+
+    fn rewind(&mut self, mark: (usize, usize)) {
+        self.slots.truncate(mark.0);
+        self.values.truncate(mark.1);
+    }
+
+    /// The values stored in dense slots from `from` on.
+    fn stored_since(&self, from: usize) -> impl Iterator<Item = &Value> {
+        (from..self.slots.len()).filter_map(|i| self.dense_get(i))
+    }
+
     fn len(&self) -> usize {
-        self.dense.len() + self.sparse.len()
+        self.slots.len() + self.sparse.len()
     }
 }
 
@@ -421,6 +490,107 @@ struct Machine<'b, B> {
     builder: &'b mut B,
     /// Work stack of the fast path (see `fast_container`).
     scratch: Vec<Value>,
+    spans: SpanCache,
+}
+
+/// Containers whose bytes hold only memo references and numbers decode to the same value every time the same
+/// bytes recur (memo references are stable in a pickle whose slots are each written once). torch writes a fresh
+/// frame dict and a fresh frame list per trace entry when its frames are not shared objects, so the same few
+/// thousand stacks recur as identical byte spans hundreds of thousands of times: hashing the span and replaying
+/// its memo stores is several times faster than decoding 30 dicts again.
+#[derive(Default)]
+struct SpanCache {
+    index: FxHashMap<Box<[u8]>, u32>,
+    entries: Vec<SpanEntry>,
+    key_bytes: usize,
+}
+
+struct SpanEntry {
+    value: Value,
+    /// The memo stores made inside the span, in `Memo::span_values`.
+    memo: std::ops::Range<u32>,
+}
+
+/// Caps what a hostile file can make the cache hold.
+const SPAN_CACHE_MAX_BYTES: usize = 64 << 20;
+const SPAN_MAX_LEN: usize = 16 << 10;
+
+/// What `pure_span_end` does on each opcode: skip this many argument bytes, or one of the special cases.
+const SPAN_OTHER: u8 = 0xff;
+const SPAN_OPEN: u8 = 0xfe;
+const SPAN_CLOSE: u8 = 0xfd;
+const SPAN_MARK: u8 = 0xfc;
+const SPAN_LONG1: u8 = 0xfb;
+const SPAN_OPS: [u8; 256] = {
+    let mut t = [SPAN_OTHER; 256];
+    t[0x94] = 0; // MEMOIZE
+    t[b'N' as usize] = 0;
+    t[0x88] = 0; // NEWTRUE
+    t[0x89] = 0; // NEWFALSE
+    t[b'h' as usize] = 1; // BINGET
+    t[b'K' as usize] = 1; // BININT1
+    t[b'M' as usize] = 2; // BININT2
+    t[b'j' as usize] = 4; // LONG_BINGET
+    t[b'J' as usize] = 4; // BININT
+    t[0x8a] = SPAN_LONG1;
+    t[b'}' as usize] = SPAN_OPEN;
+    t[b']' as usize] = SPAN_OPEN;
+    t[b'(' as usize] = SPAN_MARK;
+    t[b'u' as usize] = SPAN_CLOSE;
+    t[b'e' as usize] = SPAN_CLOSE;
+    t[b's' as usize] = SPAN_CLOSE;
+    t[b'a' as usize] = SPAN_CLOSE;
+    t
+};
+
+/// The end (exclusive) of the container that starts at `buf[start]` (`}` or `]`), if every opcode in it is a
+/// container, mark, memo store, memo reference or number: no new strings, nothing the memo could disagree on.
+fn pure_span_end(buf: &[u8], start: usize) -> Option<usize> {
+    // (is_dict, marked) of the open containers.
+    let mut open: [(bool, bool); 8] = [(false, false); 8];
+    let mut depth = 0usize;
+    let mut pos = start;
+    let limit = buf.len().min(start + SPAN_MAX_LEN);
+    while pos < limit {
+        let op = buf[pos];
+        pos += 1;
+        let what = SPAN_OPS[op as usize];
+        if what < SPAN_LONG1 {
+            pos += what as usize;
+            continue;
+        }
+        match what {
+            SPAN_OPEN => {
+                if depth == open.len() {
+                    return None;
+                }
+                open[depth] = (op == b'}', false);
+                depth += 1;
+            }
+            SPAN_MARK => {
+                let top = open.get_mut(depth.checked_sub(1)?)?;
+                if top.1 {
+                    return None;
+                }
+                top.1 = true;
+            }
+            SPAN_LONG1 => pos += 1 + *buf.get(pos)? as usize,
+            SPAN_CLOSE => {
+                let (is_dict, marked) = open[depth.checked_sub(1)?];
+                let closes_dict = op == b'u' || op == b's';
+                let needs_mark = op == b'u' || op == b'e';
+                if is_dict != closes_dict || marked != needs_mark {
+                    return None;
+                }
+                depth -= 1;
+                if depth == 0 {
+                    return (pos <= buf.len()).then_some(pos);
+                }
+            }
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// Reads one pickle from `src`, handing closed containers to `builder`.
@@ -455,8 +625,15 @@ pub fn read<R: Read, B: Builder>(
         strings,
         builder,
         scratch: Vec::new(),
+        spans: SpanCache::default(),
     };
     let value = m.run(&mut input)?;
+    if m.memo.overflow {
+        return Err(PickleError::Malformed {
+            offset: input.offset(),
+            message: "more than 2^31 memo entries; this reader's limit".into(),
+        });
+    }
     Ok(Parsed { value, strings: m.strings, protocol, bytes_read: input.offset() })
 }
 
@@ -785,7 +962,7 @@ impl<B: Builder> Machine<'_, B> {
         if input.end - input.pos < FAST_WINDOW && !input.eof {
             input.fill(FAST_WINDOW)?;
         }
-        let memo_mark = self.memo.dense.len();
+        let memo_mark = self.memo.mark();
         let scratch_mark = self.scratch.len();
         let mut cur = Cursor { buf: &input.buf[input.pos..input.end], pos: 0 };
         let r = self.fast_body(&mut cur, is_dict, 0, off + 1);
@@ -795,7 +972,7 @@ impl<B: Builder> Machine<'_, B> {
                 Ok(Some(v))
             }
             Ok(None) => {
-                self.memo.dense.truncate(memo_mark);
+                self.memo.rewind(memo_mark);
                 self.scratch.truncate(scratch_mark);
                 Ok(None)
             }
@@ -814,7 +991,7 @@ impl<B: Builder> Machine<'_, B> {
         let slot = match cur.peek() {
             Some(0x94) => {
                 cur.pos += 1;
-                Some(self.memo.dense.len() as u32)
+                Some(self.memo.dense_len() as u32)
             }
             Some(b'q') => {
                 let Some(i) = cur.at(1) else { return Ok(None) };
@@ -832,11 +1009,11 @@ impl<B: Builder> Machine<'_, B> {
             _ => None,
         };
         if let Some(slot) = slot {
-            if slot as usize != self.memo.dense.len() {
+            if slot as usize != self.memo.dense_len() {
                 return Ok(None);
             }
             let pending = if is_dict { Value::PendingDict(slot) } else { Value::PendingList(slot) };
-            self.memo.dense.push(pending);
+            self.memo.push(pending);
         }
         let single = match cur.peek() {
             Some(b'(') => {
@@ -918,14 +1095,14 @@ impl<B: Builder> Machine<'_, B> {
                         };
                         u32::from_le_bytes([b[0], b[1], b[2], b[3]])
                     };
-                    match self.memo.dense.get(idx as usize) {
+                    match self.memo.dense_get(idx as usize) {
                         Some(Value::PendingDict(_) | Value::PendingList(_)) | None => return Ok(None),
                         Some(v) => self.scratch.push(v.clone()),
                     }
                 }
                 0x94 | b'q' | b'r' => {
                     let idx = match op {
-                        0x94 => self.memo.dense.len() as u32,
+                        0x94 => self.memo.dense_len() as u32,
                         b'q' => {
                             let Some(b) = cur.next() else { return Ok(None) };
                             b as u32
@@ -937,11 +1114,11 @@ impl<B: Builder> Machine<'_, B> {
                             u32::from_le_bytes([b[0], b[1], b[2], b[3]])
                         }
                     };
-                    if idx as usize != self.memo.dense.len() || self.scratch.len() == mark {
+                    if idx as usize != self.memo.dense_len() || self.scratch.len() == mark {
                         return Ok(None);
                     }
                     let top = self.scratch.last().expect("checked").clone();
-                    self.memo.dense.push(top);
+                    self.memo.push(top);
                 }
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
@@ -965,10 +1142,29 @@ impl<B: Builder> Machine<'_, B> {
                     self.scratch.push(t);
                 }
                 // One level of nesting: the frames list of a trace entry, the frame dicts of a stack.
-                b'}' | b']' if depth < 2 => match self.fast_body(cur, op == b'}', depth + 1, base)? {
-                    Some(v) => self.scratch.push(v),
-                    None => return Ok(None),
-                },
+                b'}' | b']' if depth < 2 => {
+                    let start = cur.pos - 1;
+                    let span = if self.memo.overwritten { None } else { pure_span_end(cur.buf, start) };
+                    if let Some(end) = span {
+                        if let Some(&i) = self.spans.index.get(&cur.buf[start..end]) {
+                            let e = &self.spans.entries[i as usize];
+                            self.memo.slots.extend(e.memo.clone().map(|k| k | SPAN_BIT));
+                            self.scratch.push(e.value.clone());
+                            cur.pos = end;
+                            continue;
+                        }
+                    }
+                    let memo_mark = self.memo.dense_len();
+                    match self.fast_body(cur, op == b'}', depth + 1, base)? {
+                        Some(v) => {
+                            if let Some(end) = span.filter(|&e| e == cur.pos) {
+                                self.remember_span(&cur.buf[start..end], &v, memo_mark);
+                            }
+                            self.scratch.push(v)
+                        }
+                        None => return Ok(None),
+                    }
+                }
                 _ => return Ok(None),
             }
         }
@@ -1014,9 +1210,32 @@ impl<B: Builder> Machine<'_, B> {
         };
         self.scratch.truncate(mark);
         if let Some(slot) = slot {
-            self.memo.dense[slot as usize] = v.clone();
+            if let Some(m) = self.memo.get_mut(slot) {
+                *m = v.clone();
+            }
         }
         Ok(Some(v))
+    }
+
+    /// Caches a decoded pure span: its value and the memo stores made inside it, if all are pure.
+    fn remember_span(&mut self, bytes: &[u8], v: &Value, memo_mark: usize) {
+        let pure = |v: &Value| matches!(v, Value::Custom(kind, _) if self.builder.is_pure(*kind));
+        if !pure(v) || !self.memo.stored_since(memo_mark).all(pure) {
+            return;
+        }
+        let stored = self.memo.dense_len() - memo_mark;
+        if self.spans.key_bytes + bytes.len() > SPAN_CACHE_MAX_BYTES
+            || self.memo.span_values.len() + stored >= SPAN_BIT as usize
+        {
+            return;
+        }
+        let start = self.memo.span_values.len() as u32;
+        let values: Vec<Value> = self.memo.stored_since(memo_mark).cloned().collect();
+        self.memo.span_values.extend(values);
+        let end = self.memo.span_values.len() as u32;
+        self.spans.key_bytes += bytes.len();
+        self.spans.index.insert(bytes.into(), self.spans.entries.len() as u32);
+        self.spans.entries.push(SpanEntry { value: v.clone(), memo: start..end });
     }
 
     fn make_tuple(&mut self, at: usize, off: u64) -> Result<Value, PickleError> {

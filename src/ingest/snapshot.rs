@@ -285,6 +285,10 @@ impl Builder for SnapshotBuilder {
         Ok(None)
     }
 
+    fn is_pure(&self, kind: u8) -> bool {
+        kind == FRAME || kind == STACK
+    }
+
     fn close_list(&mut self, items: &[Value]) -> Option<Value> {
         if items.is_empty() || !items.iter().all(|v| matches!(v, Value::Custom(FRAME, _))) {
             return None;
