@@ -4,6 +4,7 @@
 //! (the allocator state at the OOM, the biggest culprits), [`report`] renders them.
 
 pub mod analysis;
+pub mod budget;
 pub mod ingest;
 pub mod report;
 pub mod rules;

@@ -53,6 +53,9 @@ enum Command {
         Enter open, / filter, g group by stack, s sort, d next GPU, ? help, q quit.\n\n\
         Example:\n  oomdoc tui mem_snapshot.pickle")]
     Tui(TuiArgs),
+    /// The memory budget before a run: every byte per GPU with its formula, a verdict, and what would fit.
+    #[command(long_about = oomdoc::budget::args::BUDGET_HELP)]
+    Budget(oomdoc::budget::args::BudgetArgs),
 }
 
 #[derive(clap::Args)]
@@ -83,6 +86,9 @@ struct InputArgs {
     /// No progress bar, even on a terminal.
     #[arg(long)]
     no_progress: bool,
+    // With --model (a config.json) or model flags: the budget's prediction per category beside the snapshot.
+    #[command(flatten)]
+    predict: oomdoc::budget::args::PredictArgs,
 }
 
 #[derive(clap::Args)]
@@ -179,6 +185,10 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Analyze(args) => analyze(args),
         Command::Facts(args) => facts(args),
         Command::Tui(args) => tui(args),
+        Command::Budget(args) => {
+            write_out(None, &oomdoc::budget::args::run_cli(&args)?)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Rules(args) => {
             let rules = load_rules(args.rules.as_ref())?;
             let mut out = String::new();
@@ -248,6 +258,7 @@ fn for_each_input(
 ) -> Result<(), Error> {
     let opts = Options { at: input.at.clone(), top, device: input.device, gpu_memory: input.gpu_memory };
     let rules = load_rules(input.rules.as_ref())?;
+    let prediction = oomdoc::budget::args::predict(&input.predict)?;
     let cats = load_categories(input.rules.as_ref())?;
     let timing = std::env::var_os("OOMDOC_TIMING").is_some();
     for path in &input.files {
@@ -259,6 +270,9 @@ fn for_each_input(
         let t1 = std::time::Instant::now();
         let mut a =
             analysis::analyze(&tl, &opts, &cats).map_err(|m| Error::Usage(format!("{}: {m}", path.display())))?;
+        if let Some(b) = &prediction {
+            oomdoc::budget::compare::attach(&mut a, b);
+        }
         for d in &a.devices {
             a.findings.extend(rules.evaluate(d.device, &d.facts));
         }

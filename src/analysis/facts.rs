@@ -76,6 +76,11 @@ impl Facts {
         self.map.iter()
     }
 
+    /// Adds or replaces a fact computed outside the timeline (the budget's prediction, `analyze --model`).
+    pub fn insert(&mut self, name: &str, fact: Fact) {
+        self.map.insert(name.to_string(), fact);
+    }
+
     fn num(&mut self, name: &str, v: impl Into<f64>, unit: Unit, doc: &'static str) {
         self.map.insert(name.to_string(), Fact { value: Val::Num(v.into()), unit, doc });
     }

@@ -134,6 +134,9 @@ pub struct DeviceReport {
     pub trace: TraceReport,
     /// Live memory by what it is for (see rules/categories.toml), biggest first.
     pub by_category: Vec<CategoryBytes>,
+    /// The budget's prediction beside the live bytes per category (`oomdoc analyze --model …`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::budget::compare::Comparison>,
     pub notes: Vec<String>,
     /// Every fact the rules may test (`oomdoc facts`).
     #[serde(skip)]
@@ -454,6 +457,7 @@ fn analyze_device(
         by_stack,
         trace,
         by_category: Vec::new(),
+        budget: None,
         notes,
         facts: facts::Facts::default(),
     };
