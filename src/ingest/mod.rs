@@ -1,7 +1,9 @@
 //! Readers for the artifacts a failed job leaves behind, one module per format, all producing a [`Timeline`].
 
+pub mod oom_log;
 pub mod pickle;
 pub mod snapshot;
+pub mod text;
 
 use std::fs::File;
 use std::io::{IsTerminal, Read};
@@ -56,6 +58,7 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
         format_version: snap.format_version,
         bytes: len,
         pickle_protocol: Some(snap.protocol),
+        ..InputInfo::default()
     });
     Ok(tl)
 }

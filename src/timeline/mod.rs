@@ -1,10 +1,16 @@
 //! The common model every parser produces and every analysis reads: per-device allocation timelines.
 
+pub mod clock;
+pub mod observed;
 pub mod replay;
 pub mod stacks;
 
 use serde::Serialize;
 
+pub use observed::{
+    GpuProcess, KvCapacity, KvStat, Malformed, MemorySample, MigInstance, OomKind, OomMessage, Preemption, ServingLog,
+    Stamp,
+};
 use stacks::{StackId, Stacks, StrId, Strings};
 
 /// What happened, in the allocator's own terms.
@@ -196,6 +202,22 @@ pub struct DeviceTimeline {
     pub events: Vec<Event>,
     /// The allocator state when the file was written (complete even when the trace is not).
     pub segments: Vec<Segment>,
+    /// Memory as nvidia-smi saw it, in the order read (see `timeline::clock` for their times).
+    pub memory_samples: Vec<MemorySample>,
+    /// Processes on the GPU at the last nvidia-smi capture that listed them.
+    pub processes: Vec<GpuProcess>,
+    /// MIG instances at the last capture that listed them.
+    pub mig: Vec<MigInstance>,
+    /// The GPU's name and PCI bus id, when a capture gave them.
+    pub name: Option<String>,
+    pub bus_id: Option<String>,
+}
+
+impl DeviceTimeline {
+    /// Allocator events or a final state from a snapshot (as opposed to text artifacts only).
+    pub fn has_allocator_data(&self) -> bool {
+        !self.events.is_empty() || !self.segments.is_empty()
+    }
 }
 
 /// Allocator settings recorded by torch ≥ 2.3.
@@ -222,13 +244,29 @@ pub struct Annotation {
 }
 
 /// Where the data came from.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct InputInfo {
     pub path: String,
     pub kind: &'static str,
     pub format_version: String,
     pub bytes: u64,
     pub pickle_protocol: Option<u8>,
+    /// Text artifacts: the parts recognised and read (e.g. `load :: nvidia-smi (default table)`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub read: Vec<String>,
+    /// Text artifacts: sections or blocks not recognised, by their header.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+    /// Lines inside recognised blocks that could not be used (skipped; `--strict` makes them errors).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub malformed_lines: usize,
+    /// The first few of them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub malformed: Vec<Malformed>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Default)]
@@ -241,6 +279,12 @@ pub struct Timeline {
     pub annotations: Vec<Annotation>,
     /// What was and was not recorded, in words for the report.
     pub capture: CaptureInfo,
+    /// OOM reports found in logs, in the order found.
+    pub ooms: Vec<OomMessage>,
+    /// A serving engine's KV-cache log (vLLM).
+    pub serving: ServingLog,
+    /// How text artifacts' wall-clock stamps were put on the common clock.
+    pub clock: Option<clock::ClockReport>,
 }
 
 /// What the capture settings recorded, inferred from the file.
