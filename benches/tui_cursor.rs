@@ -34,7 +34,7 @@ fn main() {
     let mut a = analysis::analyze(&tl, &Options::default(), &cats).expect("analyses");
     let rules = RuleSet::builtin();
     for d in &a.devices {
-        a.findings.extend(rules.evaluate(d.device, &d.facts));
+        a.findings.extend(rules.evaluate(Some(d.device), &d.facts));
     }
     sort_findings(&mut a.findings);
     let mut app = App::new(&tl, &a, &cats, path.clone());

@@ -66,9 +66,23 @@ struct TuiArgs {
 
 #[derive(clap::Args)]
 struct InputArgs {
-    /// Snapshot pickles (torch.cuda.memory._dump_snapshot).
+    /// The job's artifacts, any mix: snapshot pickles (torch.cuda.memory._dump_snapshot), training logs with the
+    /// OOM message, vLLM logs. Each file is recognised by its content.
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
+    /// Read every file as this kind instead of recognising it.
+    #[arg(long, value_enum, value_name = "KIND")]
+    kind: Option<oomdoc::ingest::Kind>,
+    /// Lines that cannot be used inside a recognised block are errors (default: skipped and counted).
+    #[arg(long)]
+    strict: bool,
+    /// The zone nvidia-smi and log timestamps were written in (UTC, +02:00, -0530). Default: inferred from the
+    /// snapshot's clock when there is one.
+    #[arg(long, value_name = "ZONE", value_parser = oomdoc::timeline::clock::parse_tz)]
+    tz: Option<i64>,
+    /// Shift every text artifact's times by this many seconds (a host clock that was off).
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    clock_offset: Option<f64>,
     /// Only this CUDA device.
     #[arg(long, value_name = "N")]
     device: Option<i64>,
@@ -261,21 +275,31 @@ fn for_each_input(
     let prediction = oomdoc::budget::args::predict(&input.predict)?;
     let cats = load_categories(input.rules.as_ref())?;
     let timing = std::env::var_os("OOMDOC_TIMING").is_some();
-    for path in &input.files {
-        let t0 = std::time::Instant::now();
-        let tl = oomdoc::ingest::load(path, !input.no_progress)?;
-        if timing {
-            eprintln!("oomdoc: read {} in {:.3} s", path.display(), t0.elapsed().as_secs_f64());
-        }
+    let load = oomdoc::ingest::LoadOptions {
+        show_progress: !input.no_progress,
+        kind: input.kind,
+        strict: input.strict,
+        clock: oomdoc::timeline::clock::ClockOptions {
+            tz_offset_s: input.tz,
+            offset_us: input.clock_offset.map_or(0, |s| (s * 1e6).round() as i64),
+        },
+    };
+    let t0 = std::time::Instant::now();
+    let timelines = oomdoc::ingest::load_job(&input.files, &load)?;
+    if timing {
+        eprintln!("oomdoc: read {} files in {:.3} s", input.files.len(), t0.elapsed().as_secs_f64());
+    }
+    for tl in timelines {
         let t1 = std::time::Instant::now();
-        let mut a =
-            analysis::analyze(&tl, &opts, &cats).map_err(|m| Error::Usage(format!("{}: {m}", path.display())))?;
+        let shown = tl.inputs.first().map_or(String::new(), |i| i.path.clone());
+        let mut a = analysis::analyze(&tl, &opts, &cats).map_err(|m| Error::Usage(format!("{shown}: {m}")))?;
         if let Some(b) = &prediction {
             oomdoc::budget::compare::attach(&mut a, b);
         }
         for d in &a.devices {
-            a.findings.extend(rules.evaluate(d.device, &d.facts));
+            a.findings.extend(rules.evaluate(Some(d.device), &d.facts));
         }
+        a.findings.extend(rules.evaluate(None, &a.job_facts));
         oomdoc::rules::sort_findings(&mut a.findings);
         if timing {
             eprintln!("oomdoc: analysed in {:.3} s", t1.elapsed().as_secs_f64());

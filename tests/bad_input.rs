@@ -25,7 +25,11 @@ fn empty_file() {
 #[test]
 fn not_a_pickle() {
     let e = error_for("log.txt", b"Traceback (most recent call last):\n  File \"train.py\"\n");
-    assert!(e.contains("byte 0") && e.contains("0x54"), "{e}");
+    // Says what it looked for and what it found instead.
+    assert!(e.contains("not a recognised artifact") && e.contains("snapshot pickle (first byte 0x80)"), "{e}");
+    assert!(e.contains("training log") && e.contains(r#"text starting "Traceback"#), "{e}");
+    let bin = error_for("data.bin", &[0x00, 0x01, 0x02, 0xff, 0xfe]);
+    assert!(bin.contains("binary data starting 0x00 0x01"), "{bin}");
 }
 
 #[test]

@@ -16,7 +16,7 @@ fn load(path: &str) -> (Timeline, analysis::Analysis) {
     let mut a = analysis::analyze(&tl, &Options::default(), &cats).unwrap();
     let rules = RuleSet::builtin();
     for d in &a.devices {
-        a.findings.extend(rules.evaluate(d.device, &d.facts));
+        a.findings.extend(rules.evaluate(Some(d.device), &d.facts));
     }
     sort_findings(&mut a.findings);
     (tl, a)

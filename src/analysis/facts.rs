@@ -81,22 +81,32 @@ impl Facts {
         self.map.insert(name.to_string(), fact);
     }
 
-    fn num(&mut self, name: &str, v: impl Into<f64>, unit: Unit, doc: &'static str) {
+    pub(crate) fn num(&mut self, name: &str, v: impl Into<f64>, unit: Unit, doc: &'static str) {
         self.map.insert(name.to_string(), Fact { value: Val::Num(v.into()), unit, doc });
     }
 
-    fn opt(&mut self, name: &str, v: Option<impl Into<f64>>, unit: Unit, doc: &'static str) {
+    pub(crate) fn opt(&mut self, name: &str, v: Option<impl Into<f64>>, unit: Unit, doc: &'static str) {
         if let Some(v) = v {
             self.num(name, v, unit, doc);
         }
     }
 
-    fn flag(&mut self, name: &str, v: bool, doc: &'static str) {
+    pub(crate) fn flag(&mut self, name: &str, v: bool, doc: &'static str) {
         self.map.insert(name.to_string(), Fact { value: Val::Bool(v), unit: Unit::Plain, doc });
     }
 
-    fn text(&mut self, name: &str, v: impl Into<String>, doc: &'static str) {
+    pub(crate) fn text(&mut self, name: &str, v: impl Into<String>, doc: &'static str) {
         self.map.insert(name.to_string(), Fact { value: Val::Str(v.into()), unit: Unit::Plain, doc });
+    }
+}
+
+/// The moment as messages say it ("at the OOM", "at the peak").
+pub(crate) fn moment_words(moment: &str) -> &'static str {
+    match moment {
+        "oom" => "OOM",
+        "peak" => "peak",
+        "end" => "end of the capture",
+        _ => "requested moment",
     }
 }
 
@@ -115,7 +125,7 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
     let mut f = Facts::default();
     let r = cx.report;
     let events = &cx.dev.events;
-    f.text("moment", r.moment, "which moment the state facts describe: oom, peak, end or time");
+    f.text("moment", moment_words(r.moment), "which moment the state facts describe: OOM, peak, end or time");
     f.num("allocated_bytes", r.allocated_bytes as f64, Unit::Bytes, "bytes held by tensors at the moment");
     f.num("reserved_bytes", r.reserved_bytes as f64, Unit::Bytes, "bytes PyTorch's cache holds from the driver");
     f.num("active_bytes", r.active_bytes as f64, Unit::Bytes, "allocated plus freed-but-pending bytes");
@@ -149,25 +159,31 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
     f.num("segments", r.segments as f64, Unit::Count, "segments at the moment");
 
     // The OOM.
-    f.flag("oom.present", r.oom.is_some(), "the trace holds an OOM and the moment is the (last) OOM");
+    f.flag("oom.present", r.oom.is_some(), "there was an OOM (trace event or log message) and the moment is the last");
     f.num("oom.count", r.oom_count as f64, Unit::Count, "OOM events in the trace");
     if let Some(o) = &r.oom {
-        f.num("oom.requested_bytes", o.requested_bytes as f64, Unit::Bytes, "block size the allocator could not find");
+        f.text("oom.source", o.source, "what says the OOM happened: snapshot (a trace event) or log (a message only)");
+        f.opt(
+            "oom.requested_bytes",
+            o.requested_bytes.map(|b| b as f64),
+            Unit::Bytes,
+            "block size the allocator could not find",
+        );
         f.opt(
             "oom.device_free_bytes",
             o.device_free_bytes.map(|b| b as f64),
             Unit::Bytes,
             "driver-reported free bytes",
         );
-        f.num(
+        f.opt(
             "oom.pool_free_bytes",
-            o.cached_free_in_pool_bytes as f64,
+            o.cached_free_in_pool_bytes.map(|b| b as f64),
             Unit::Bytes,
             "free bytes cached in the request's pool and stream",
         );
-        f.num(
+        f.opt(
             "oom.pool_largest_free_block_bytes",
-            o.largest_free_in_pool_bytes as f64,
+            o.largest_free_in_pool_bytes.map(|b| b as f64),
             Unit::Bytes,
             "largest free block in the request's pool and stream",
         );
@@ -243,19 +259,7 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
     }
 
     // Memory outside PyTorch.
-    if let Some(total) = cx.gpu_memory {
-        f.num("gpu.total_bytes", total as f64, Unit::Bytes, "the GPU's capacity (--gpu-memory)");
-        if let Some(free) = r.oom.as_ref().and_then(|o| o.device_free_bytes) {
-            let other = total.saturating_sub(free).saturating_sub(r.reserved_bytes);
-            f.num(
-                "nonpytorch_bytes",
-                other as f64,
-                Unit::Bytes,
-                "GPU memory in use outside PyTorch's cache at the OOM",
-            );
-            f.num("nonpytorch_share", other as f64 / total as f64, Unit::Ratio, "its share of the GPU");
-        }
-    }
+    super::observed::outside_pytorch_facts(&mut f, r, cx.gpu_memory);
     f.flag(
         "nccl.seen",
         events.iter().any(|e| e.stack != EMPTY_STACK && cats.of(e.stack) == "communication")
@@ -607,7 +611,7 @@ fn kv_facts(f: &mut Facts, cx: &Ctx) {
     }
     // Up to the OOM if there is one; otherwise over the whole trace, so a cache that levelled off after the peak
     // allocated moment is seen to level off.
-    let last = cx.report.oom.as_ref().map_or(cx.dev.events.len() - 1, |o| o.event_index as usize);
+    let last = cx.report.oom.as_ref().and_then(|o| o.event_index).map_or(cx.dev.events.len() - 1, |i| i as usize);
     let marks = even_marks(last, 16);
     let snaps = live_per_stack_at(cx, &marks, &|k| k == kv);
     let series: Vec<u64> = snaps.iter().map(|s| s.values().map(|v| v.0).sum()).collect();
@@ -662,8 +666,8 @@ fn compile_facts(f: &mut Facts, cx: &Ctx) {
             f.num("compile.peak_ratio", compile_peak as f64 / steady as f64, Unit::Plain, "compile peak ÷ steady peak");
         }
     }
-    if let Some(o) = &cx.report.oom {
-        let oom_in_compile = in_compile(o.event_index as usize) || o.event_index as usize <= last_compile;
+    if let Some(i) = cx.report.oom.as_ref().and_then(|o| o.event_index) {
+        let oom_in_compile = in_compile(i as usize) || i as usize <= last_compile;
         f.flag("compile.oom", oom_in_compile, "the OOM happened while compiling");
     }
 }

@@ -3,6 +3,8 @@
 
 pub mod categories;
 pub mod facts;
+pub mod observed;
+pub mod serving;
 pub mod stacks;
 
 use std::collections::BTreeMap;
@@ -92,6 +94,17 @@ pub struct Analysis {
     pub capture: CaptureInfo,
     /// Rule findings (filled by the rule engine; empty until it runs).
     pub findings: Vec<Finding>,
+    /// Every OOM message found in the logs, in the order found (the last per GPU is also that device's `oom`).
+    pub ooms: Vec<crate::timeline::OomMessage>,
+    /// A serving engine's KV cache, from its log.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serving: Option<serving::ServingSummary>,
+    /// How the text artifacts' times were put on the snapshot's clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock: Option<crate::timeline::clock::ClockReport>,
+    /// Facts about the job rather than one GPU (a serving log's KV cache); rules see them with no device.
+    #[serde(skip)]
+    pub job_facts: facts::Facts,
 }
 
 #[derive(Debug, Serialize, Clone)]
@@ -137,6 +150,11 @@ pub struct DeviceReport {
     /// The budget's prediction beside the live bytes per category (`oomdoc analyze --model …`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<crate::budget::compare::Comparison>,
+    /// Memory as nvidia-smi saw this GPU, and outside PyTorch over time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed: Option<observed::ObservedMemory>,
+    /// "snapshot" (allocator data) or "text" (only logs and nvidia-smi describe this GPU).
+    pub source: &'static str,
     pub notes: Vec<String>,
     /// Every fact the rules may test (`oomdoc facts`).
     #[serde(skip)]
@@ -159,22 +177,28 @@ pub struct Totals {
 
 #[derive(Debug, Serialize)]
 pub struct OomReport {
-    /// The rounded block size the allocator searched for.
-    pub requested_bytes: u64,
+    /// "snapshot" (an `oom` trace event) or "log" (only the OOM message says it happened).
+    pub source: &'static str,
+    /// Snapshot: the rounded block size the allocator searched for. Log: the size the message names (the
+    /// segment PyTorch asked the driver for); null when the message gives none.
+    pub requested_bytes: Option<u64>,
     /// What the driver reported free on the GPU at the failure.
     pub device_free_bytes: Option<u64>,
     pub time_us: Option<i64>,
-    pub event_index: u32,
-    pub stream: u64,
+    pub event_index: Option<u32>,
+    pub stream: Option<u64>,
     /// "small" (≤ 1 MiB requests) or "large".
-    pub pool: &'static str,
+    pub pool: Option<&'static str>,
     /// Free bytes cached in the pool and stream the request could have used.
-    pub cached_free_in_pool_bytes: u64,
-    pub largest_free_in_pool_bytes: u64,
+    pub cached_free_in_pool_bytes: Option<u64>,
+    pub largest_free_in_pool_bytes: Option<u64>,
     /// The request would have fit in the cached free bytes if they were one block.
-    pub fits_in_cached_free: bool,
+    pub fits_in_cached_free: Option<bool>,
     pub stack: Vec<String>,
     pub culprit: String,
+    /// The OOM message a log reported for this GPU (the last one), with its figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<crate::timeline::OomMessage>,
 }
 
 #[derive(Debug, Serialize)]
@@ -242,14 +266,21 @@ pub struct TraceReport {
 /// Analyses every device (or the one asked for), classifying allocations with `cats`.
 pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) -> Result<Analysis, String> {
     let mut devices = Vec::new();
-    for dev in &tl.devices {
-        if opts.device.is_some_and(|d| d != dev.device) {
+    let mut ids: Vec<i64> = tl.devices.iter().map(|d| d.device).collect();
+    if !tl.devices.iter().any(|d| d.has_allocator_data()) {
+        ids.extend(observed::log_devices(tl));
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    for id in ids {
+        if opts.device.is_some_and(|d| d != id) {
             continue;
         }
-        if dev.segments.is_empty() && dev.events.is_empty() {
-            continue;
+        match tl.device(id) {
+            Some(dev) if dev.has_allocator_data() => devices.push(analyze_device(tl, dev, opts, cats)?),
+            Some(dev) if dev.memory_samples.is_empty() && dev.processes.is_empty() && dev.mig.is_empty() => {}
+            _ => devices.push(observed::text_only_report(tl, id)),
         }
-        devices.push(analyze_device(tl, dev, opts, cats)?);
     }
     if let Some(d) = opts.device {
         if devices.is_empty() {
@@ -269,6 +300,10 @@ pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) ->
         allocator_settings: tl.settings.clone(),
         capture: tl.capture.clone(),
         findings: Vec::new(),
+        ooms: tl.ooms.clone(),
+        serving: serving::summarize(&tl.serving),
+        clock: tl.clock.clone(),
+        job_facts: serving::facts(&tl.serving),
     })
 }
 
@@ -331,17 +366,19 @@ fn analyze_device(
             }
         }
         OomReport {
-            requested_bytes: e.size,
+            source: "snapshot",
+            requested_bytes: Some(e.size),
             device_free_bytes: e.device_free(),
             time_us: e.time_us(),
-            event_index: i,
-            stream: e.stream,
-            pool: pool_name(Some(pool)),
-            cached_free_in_pool_bytes: free,
-            largest_free_in_pool_bytes: largest,
-            fits_in_cached_free: e.size <= free,
+            event_index: Some(i),
+            stream: Some(e.stream),
+            pool: Some(pool_name(Some(pool))),
+            cached_free_in_pool_bytes: Some(free),
+            largest_free_in_pool_bytes: Some(largest),
+            fits_in_cached_free: Some(e.size <= free),
             stack: stack_frames(tl, e.stack).iter().map(FrameView::full).collect(),
             culprit: culprit(tl, e.stack),
+            message: observed::last_oom_message(tl, dev.device).cloned(),
         }
     });
 
@@ -458,9 +495,12 @@ fn analyze_device(
         trace,
         by_category: Vec::new(),
         budget: None,
+        observed: None,
+        source: "snapshot",
         notes,
         facts: facts::Facts::default(),
     };
+    report.observed = observed::summarize(dev, Some(&replay), report.time_us);
     let mut cache = categories::CategoryCache::new(cats, tl);
     let cx = facts::Context { tl, dev, replay: &replay, report: &report, gpu_memory: opts.gpu_memory };
     let facts = facts::compute(&cx, &mut cache);

@@ -4,13 +4,181 @@ pub mod oom_log;
 pub mod pickle;
 pub mod snapshot;
 pub mod text;
+pub mod vllm_log;
 
 use std::fs::File;
 use std::io::{IsTerminal, Read};
 use std::path::Path;
 
-use crate::timeline::{InputInfo, Timeline};
+use crate::timeline::clock::{self, ClockOptions};
+use crate::timeline::{InputInfo, Malformed, OomMessage, ServingLog, Timeline};
 use crate::Error;
+
+/// What kind of artifact a file is. Recognised by content; `--kind` forces one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// A PyTorch memory snapshot pickle (torch.cuda.memory._dump_snapshot).
+    Snapshot,
+    /// A training or server log: OOM messages, vLLM KV-cache lines.
+    Log,
+}
+
+/// How to read a job's artifacts.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    pub show_progress: bool,
+    /// Forces every file's kind.
+    pub kind: Option<Kind>,
+    /// Malformed lines in a recognised block are errors instead of being skipped and counted.
+    pub strict: bool,
+    pub clock: ClockOptions,
+}
+
+/// Everything the text artifacts of a job said, before it is joined with a snapshot's timeline.
+#[derive(Default)]
+struct TextArtifacts {
+    inputs: Vec<InputInfo>,
+    ooms: Vec<OomMessage>,
+    serving: ServingLog,
+}
+
+impl TextArtifacts {
+    fn join(&self, tl: &mut Timeline) {
+        tl.inputs.extend(self.inputs.iter().cloned());
+        tl.ooms.extend(self.ooms.iter().cloned());
+        tl.serving.merge(self.serving.clone());
+    }
+}
+
+/// Reads every artifact of one job. Each snapshot gives a timeline; what the text artifacts (logs, nvidia-smi)
+/// say is joined with every one of them, on the snapshot's clock. Without a snapshot the text artifacts form one
+/// timeline of their own.
+pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> Result<Vec<Timeline>, Error> {
+    let mut snapshots = Vec::new();
+    let mut text = TextArtifacts::default();
+    for path in paths {
+        match opts.kind.map_or_else(|| sniff_file(path), Ok)? {
+            Kind::Snapshot => snapshots.push(load(path, opts.show_progress)?),
+            Kind::Log => read_text(path, opts, &mut text, opts.kind == Some(Kind::Log))?,
+        }
+    }
+    if snapshots.is_empty() {
+        snapshots.push(Timeline::default());
+    }
+    for tl in &mut snapshots {
+        text.join(tl);
+        clock::align(tl, &opts.clock);
+    }
+    Ok(snapshots)
+}
+
+fn read_all(path: &Path) -> Result<String, Error> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+/// Recognises a file by its first bytes (a pickle) or by what its text holds.
+fn sniff_file(path: &Path) -> Result<Kind, Error> {
+    let shown = path.display().to_string();
+    let io_err = |source| Error::Io { path: shown.clone(), source };
+    let mut head = [0u8; 2];
+    let n = File::open(path).and_then(|mut f| f.read(&mut head)).map_err(io_err)?;
+    if n == 2 && snapshot::sniff(&head) {
+        return Ok(Kind::Snapshot);
+    }
+    if n > 0 && head[0] == 0x80 {
+        // A pickle too short to hold anything: let the snapshot reader say what is missing.
+        return Ok(Kind::Snapshot);
+    }
+    let text = read_all(path)?;
+    if oom_log::sniff(&text) || vllm_log::sniff(&text) {
+        return Ok(Kind::Log);
+    }
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let shown_first: String = first.chars().take(60).collect();
+    Err(Error::Input {
+        path: shown,
+        message: format!(
+            "not a recognised artifact. Looked for: a PyTorch memory snapshot pickle (first byte 0x80), a training \
+             log with a CUDA out-of-memory message, a vLLM log with KV-cache lines. Found {}. Use --kind to say \
+             which it is.",
+            if n == 0 {
+                "an empty file".to_string()
+            } else if text.contains('\u{fffd}') || head.iter().any(|&b| b < 0x09) {
+                format!("binary data starting {}", describe_start(&head))
+            } else {
+                format!("text starting {shown_first:?}")
+            }
+        ),
+    })
+}
+
+fn read_text(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts, forced: bool) -> Result<(), Error> {
+    let shown = path.display().to_string();
+    let text = read_all(path)?;
+    let mut info = InputInfo {
+        path: shown.clone(),
+        kind: "log",
+        format_version: String::new(),
+        bytes: text.len() as u64,
+        ..InputInfo::default()
+    };
+    let log = oom_log::parse(&text, &shown);
+    let serving = vllm_log::parse(&text, &shown);
+    if !log.ooms.is_empty() {
+        info.read.push(format!(
+            "{} out-of-memory report{}",
+            log.ooms.len(),
+            if log.ooms.len() == 1 { "" } else { "s" }
+        ));
+    }
+    if !serving.is_empty() {
+        info.kind = "vllm_log";
+        let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+        let mut parts = Vec::new();
+        let c = &serving.capacity;
+        if c.gpu_blocks.is_some() || c.tokens.is_some() || c.kv_bytes.is_some() || c.max_concurrency.is_some() {
+            parts.push("KV-cache capacity".to_string());
+        }
+        if c.too_small.is_some() {
+            parts.push("a KV-cache capacity failure".to_string());
+        }
+        if !serving.stats.is_empty() {
+            parts.push(plural(serving.stats.len(), "KV-cache usage line"));
+        }
+        if !serving.preemptions.is_empty() {
+            parts.push(plural(serving.preemptions.len(), "preemption"));
+        }
+        info.read.push(format!("vLLM: {}", parts.join(", ")));
+    }
+    if info.read.is_empty() && forced {
+        info.read.push("no out-of-memory report and no vLLM KV-cache line".into());
+    }
+    note_malformed(&mut info, log.malformed, opts.strict)?;
+    out.ooms.extend(log.ooms);
+    out.serving.merge(serving);
+    out.inputs.push(info);
+    Ok(())
+}
+
+/// Keeps the first few malformed lines and the count; with `--strict` the first one is an error.
+fn note_malformed(info: &mut InputInfo, malformed: Vec<Malformed>, strict: bool) -> Result<(), Error> {
+    if let (true, Some(m)) = (strict, malformed.first()) {
+        return Err(Error::Input {
+            path: info.path.clone(),
+            message: format!("line {}: expected {}, found {:?} (--strict)", m.line, m.expected, m.found),
+        });
+    }
+    info.malformed_lines += malformed.len();
+    info.malformed.extend(malformed.into_iter().take(MALFORMED_SHOWN.saturating_sub(info.malformed.len())));
+    Ok(())
+}
+
+/// Malformed lines listed per input (all are counted).
+const MALFORMED_SHOWN: usize = 5;
 
 /// Files at least this large get a progress bar (when stderr is a terminal).
 const PROGRESS_MIN_BYTES: u64 = 64 << 20;

@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use super::sections::{self, Highlight};
 use super::{percent, stream_name, when};
 use crate::analysis::{stacks::folded, Analysis, DeviceReport};
 use crate::timeline::Timeline;
@@ -16,11 +17,17 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "## GPU memory report (oomdoc {})\n", a.tool_version);
     for i in &a.inputs {
-        let _ = writeln!(o, "- `{}` — {}, {}", i.path, esc(&i.format_version), bytes(i.bytes));
+        let _ = writeln!(o, "- `{}` — {}", i.path, esc(&sections::input_line(i)));
+    }
+    if let Some(c) = &a.clock {
+        let _ = writeln!(o, "- Clock: {}", esc(&c.description));
     }
     let _ = writeln!(o);
-    if a.devices.is_empty() {
-        let _ = writeln!(o, "No GPU memory in this file: no segments and no trace events.");
+    if let Some(s) = &a.serving {
+        let _ = writeln!(o, "**Serving engine (vLLM)**: {}\n", esc(&sections::serving_lines(s).join("; ")));
+    }
+    if a.devices.is_empty() && a.findings.is_empty() {
+        let _ = writeln!(o, "No GPU memory in these files: no segments, no trace events, no OOM message.");
         return o;
     }
     if !a.findings.is_empty() {
@@ -50,7 +57,7 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
             "| {} | {} | {} | {} | {} | {} ({}) | {} | {} |",
             d.device,
             d.moment,
-            d.oom.as_ref().map_or("–".into(), |x| bytes(x.requested_bytes)),
+            d.oom.as_ref().and_then(|x| x.requested_bytes).map_or("–".into(), bytes),
             bytes(d.allocated_bytes),
             bytes(d.reserved_bytes),
             bytes(d.reserved_unallocated_bytes),
@@ -66,24 +73,37 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
 }
 
 fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
-    let place = if d.trace.entries == 0 {
+    let place = if d.source == "text" {
+        "no snapshot: from the logs and nvidia-smi".to_string()
+    } else if d.trace.entries == 0 {
         "the file's final state".to_string()
     } else {
         when(d.event_index, d.time_us, d.trace.first_time_us)
     };
     let _ = writeln!(o, "\n### GPU {} at {} ({place})\n", d.device, d.moment);
     if let Some(oom) = &d.oom {
-        let _ = writeln!(
-            o,
-            "**OOM**: needed a {} block ({} pool, {}); cached free in that pool {}, largest free block {}{}.  ",
-            bytes(oom.requested_bytes),
-            oom.pool,
-            stream_name(oom.stream),
-            bytes(oom.cached_free_in_pool_bytes),
-            bytes(oom.largest_free_in_pool_bytes),
-            oom.device_free_bytes.map_or(String::new(), |f| format!("; the GPU had {} free", bytes(f))),
-        );
-        let _ = writeln!(o, "Requested by `{}`.\n", oom.culprit);
+        for (i, (hl, line)) in sections::oom_lines(oom).into_iter().enumerate() {
+            let line = match hl {
+                Highlight::Headline | Highlight::Warn => format!("**{}**", esc(&line)),
+                Highlight::Dim => format!("_{}_", esc(&line)),
+                Highlight::Culprit(words) => format!("{words} `{line}`"),
+                Highlight::None => esc(&line),
+            };
+            let _ = writeln!(o, "{}{line}  ", if i == 0 { "**OOM**: " } else { "" });
+        }
+        let _ = writeln!(o);
+    }
+    if let Some(obs) = &d.observed {
+        for line in sections::observed_lines(obs, d) {
+            let _ = writeln!(o, "- {}", esc(&line));
+        }
+        let _ = writeln!(o);
+    }
+    if d.source == "text" {
+        for n in &d.notes {
+            let _ = writeln!(o, "> {}", esc(n));
+        }
+        return;
     }
     if !d.by_category.is_empty() {
         let parts: Vec<String> = d

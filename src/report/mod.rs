@@ -1,6 +1,7 @@
 //! Renderers. They read an [`Analysis`] (and the timeline, for stacks) and know nothing of input formats.
 
 mod markdown;
+mod sections;
 mod text;
 
 use crate::analysis::Analysis;

@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use super::sections::{self, Highlight};
 use super::{percent, stream_name, when};
 use crate::analysis::{stacks::folded, Analysis, DeviceReport};
 use crate::timeline::Timeline;
@@ -45,16 +46,14 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
             "{} {}  {}",
             st.bold("oomdoc"),
             st.bold(&input.path),
-            st.dim(&format!(
-                "({}, {}, pickle protocol {})",
-                input.format_version,
-                bytes(input.bytes),
-                input.pickle_protocol.unwrap_or(0)
-            ))
+            st.dim(&format!("({})", sections::input_line(input)))
         );
     }
-    if a.devices.is_empty() {
-        let _ = writeln!(o, "\nNo GPU memory in this file: no segments and no trace events.");
+    if let Some(c) = &a.clock {
+        let _ = writeln!(o, "{} {}", st.dim("Clock:"), c.description);
+    }
+    if a.devices.is_empty() && a.serving.is_none() {
+        let _ = writeln!(o, "\nNo GPU memory in these files: no segments, no trace events, no OOM message.");
     }
     if !a.findings.is_empty() {
         let _ = writeln!(o);
@@ -74,6 +73,12 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
     }
     for d in &a.devices {
         device(&mut o, d, tl, &st);
+    }
+    if let Some(s) = &a.serving {
+        let _ = writeln!(o, "\n{}  {}", st.bold("Serving engine (vLLM)"), st.dim(&s.sources.join(", ")));
+        for line in sections::serving_lines(s) {
+            let _ = writeln!(o, "  {line}");
+        }
     }
     if let Some(s) = &a.allocator_settings {
         let conf = s.alloc_conf.as_deref().unwrap_or("");
@@ -96,7 +101,9 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
         "end" => st.bold("at the end of the capture"),
         _ => st.bold("at the requested moment"),
     };
-    let place = if d.trace.entries == 0 {
+    let place = if d.source == "text" {
+        "no snapshot: from the logs and nvidia-smi".to_string()
+    } else if d.trace.entries == 0 {
         "the file's final state".to_string()
     } else {
         when(d.event_index, d.time_us, d.trace.first_time_us)
@@ -104,29 +111,26 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
     let _ = writeln!(o, "\n{} {}  {}", st.bold(&format!("GPU {}", d.device)), moment, st.dim(&format!("({place})")));
 
     if let Some(oom) = &d.oom {
-        let free = oom.device_free_bytes.map_or(String::new(), |f| format!("; the GPU had {} free", bytes(f)));
-        let _ = writeln!(
-            o,
-            "  {}  needed a {} block ({} pool, {}){free}",
-            st.red("OOM"),
-            st.bold(&bytes(oom.requested_bytes)),
-            oom.pool,
-            stream_name(oom.stream),
-        );
-        let verdict = if oom.fits_in_cached_free && oom.requested_bytes > oom.largest_free_in_pool_bytes {
-            st.yellow("it would have fit if the cached free memory were one block: fragmentation")
-        } else if oom.cached_free_in_pool_bytes == 0 {
-            "nothing was cached free in that pool".to_string()
-        } else {
-            "the cached free memory could not have held it either".to_string()
-        };
-        let _ = writeln!(
-            o,
-            "       cached free in that pool {}, largest free block {} → {verdict}",
-            bytes(oom.cached_free_in_pool_bytes),
-            bytes(oom.largest_free_in_pool_bytes),
-        );
-        let _ = writeln!(o, "       requested by {}", st.cyan(&oom.culprit));
+        for (i, (hl, line)) in sections::oom_lines(oom).into_iter().enumerate() {
+            let line = match hl {
+                Highlight::Warn => st.yellow(&line),
+                Highlight::Culprit(words) => format!("{words} {}", st.cyan(&line)),
+                Highlight::Dim => st.dim(&line),
+                Highlight::Headline | Highlight::None => line,
+            };
+            let _ = writeln!(o, "  {}  {line}", if i == 0 { st.red("OOM") } else { "   ".into() });
+        }
+    }
+    if let Some(obs) = &d.observed {
+        for line in sections::observed_lines(obs, d) {
+            let _ = writeln!(o, "  {line}");
+        }
+    }
+    if d.source == "text" {
+        for n in &d.notes {
+            let _ = writeln!(o, "  {} {}", st.yellow("note:"), n);
+        }
+        return;
     }
     let _ = writeln!(
         o,

@@ -277,7 +277,7 @@ impl RuleSet {
     }
 
     /// Runs every rule on one device's facts.
-    pub fn evaluate(&self, device: i64, facts: &Facts) -> Vec<Finding> {
+    pub fn evaluate(&self, device: Option<i64>, facts: &Facts) -> Vec<Finding> {
         let lookup = |name: &str| facts.get(name).map_or(Val::Missing, |f| f.value.clone());
         let mut out = Vec::new();
         for rule in &self.rules {
@@ -294,7 +294,7 @@ impl RuleSet {
             out.push(Finding {
                 rule: rule.id.clone(),
                 severity: case.severity.name().to_string(),
-                device: Some(device),
+                device,
                 title: rule.title.clone(),
                 message: render_template(&case.message, facts),
                 evidence: serde_json::to_value(evidence).expect("json"),

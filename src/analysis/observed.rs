@@ -1,0 +1,261 @@
+//! What the text artifacts add to a device's report: the OOM message a log holds for it, memory as nvidia-smi saw
+//! it, and from both, the memory outside PyTorch's cache. A figure no input supports is left out, never guessed.
+
+use serde::Serialize;
+
+use super::facts::{Facts, Unit};
+use super::{DeviceReport, OomReport, Totals, TraceReport};
+use crate::timeline::replay::Replay;
+use crate::timeline::{DeviceTimeline, GpuProcess, OomMessage, Timeline};
+
+/// nvidia-smi samples further than this from the moment do not describe it.
+const NEAREST_SAMPLE_US: i64 = 10_000_000;
+
+/// Points kept of the non-PyTorch series (the report shows the shape, not every sample).
+const SERIES_POINTS: usize = 64;
+
+/// The last OOM message of a log for this GPU. A message that names no GPU belongs to the only GPU there is.
+pub fn last_oom_message(tl: &Timeline, device: i64) -> Option<&OomMessage> {
+    let named = tl.ooms.iter().rev().find(|o| o.device == Some(device));
+    let only_gpu = tl.devices.len() <= 1 || tl.devices.iter().all(|d| d.device == device);
+    named.or_else(|| only_gpu.then(|| tl.ooms.iter().rev().find(|o| o.device.is_none())).flatten())
+}
+
+/// GPUs the logs name (or GPU 0 for messages that name none), for a timeline without a snapshot device.
+pub fn log_devices(tl: &Timeline) -> Vec<i64> {
+    let mut v: Vec<i64> = tl.ooms.iter().map(|o| o.device.unwrap_or(0)).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Memory as nvidia-smi saw one GPU.
+#[derive(Debug, Serialize)]
+pub struct ObservedMemory {
+    pub name: Option<String>,
+    pub bus_id: Option<String>,
+    pub samples: usize,
+    /// Samples put on the snapshot's clock (see the top-level `clock`).
+    pub aligned_samples: usize,
+    pub total_bytes: Option<u64>,
+    pub max_used_bytes: Option<u64>,
+    /// The sample nearest the report's moment (within 10 s), with PyTorch's reserved bytes then.
+    pub at_moment: Option<ObservedAt>,
+    /// Memory outside PyTorch's cache over time: (Unix µs, used − reserved bytes), at most 64 points.
+    pub non_pytorch_series: Vec<(i64, i64)>,
+    pub processes: Vec<GpuProcess>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ObservedAt {
+    pub time_us: i64,
+    pub used_bytes: u64,
+    pub reserved_bytes: u64,
+    /// used − reserved (0 when nvidia-smi saw less than PyTorch reserved: a sample taken before a cudaMalloc).
+    pub non_pytorch_bytes: u64,
+    pub input: usize,
+    pub line: usize,
+}
+
+/// PyTorch's reserved bytes at a Unix µs time, from the replay (`None` outside the trace).
+fn reserved_at(dev: &DeviceTimeline, replay: &Replay, t: i64) -> Option<u64> {
+    let times: Vec<(usize, i64)> =
+        dev.events.iter().enumerate().filter_map(|(i, e)| e.time_us().map(|t| (i, t))).collect();
+    let (first, last) = (times.first()?, times.last()?);
+    if t < first.1 || t > last.1 + NEAREST_SAMPLE_US {
+        return None;
+    }
+    let k = times.partition_point(|&(_, et)| et <= t);
+    let idx = times[k.saturating_sub(1)].0;
+    replay.reserved_series.get(idx).copied()
+}
+
+/// Summarises the nvidia-smi samples of a device; `replay` (a snapshot's) places them against reserved memory.
+pub fn summarize(dev: &DeviceTimeline, replay: Option<&Replay>, moment_us: Option<i64>) -> Option<ObservedMemory> {
+    if dev.memory_samples.is_empty() && dev.processes.is_empty() {
+        return None;
+    }
+    let samples = &dev.memory_samples;
+    let total_bytes = samples.iter().rev().find_map(|s| s.total.or_else(|| Some(s.used? + s.free?)));
+    let max_used_bytes = samples.iter().filter_map(|s| s.used).max();
+    let aligned: Vec<(i64, u64, usize, usize)> =
+        samples.iter().filter_map(|s| Some((s.time_us?, s.used?, s.input, s.line))).collect();
+    let mut at_moment = None;
+    let mut series = Vec::new();
+    if let Some(replay) = replay {
+        if let Some(m) = moment_us {
+            let nearest =
+                aligned.iter().filter(|s| (s.0 - m).abs() <= NEAREST_SAMPLE_US).min_by_key(|s| (s.0 - m).abs());
+            if let Some(&(t, used, input, line)) = nearest {
+                if let Some(reserved) = reserved_at(dev, replay, t) {
+                    at_moment = Some(ObservedAt {
+                        time_us: t,
+                        used_bytes: used,
+                        reserved_bytes: reserved,
+                        non_pytorch_bytes: used.saturating_sub(reserved),
+                        input,
+                        line,
+                    });
+                }
+            }
+        }
+        let points: Vec<(i64, i64)> = aligned
+            .iter()
+            .filter_map(|&(t, used, _, _)| reserved_at(dev, replay, t).map(|r| (t, used as i64 - r as i64)))
+            .collect();
+        let step = points.len().div_ceil(SERIES_POINTS).max(1);
+        series = points.into_iter().step_by(step).collect();
+    }
+    Some(ObservedMemory {
+        name: dev.name.clone(),
+        bus_id: dev.bus_id.clone(),
+        samples: samples.len(),
+        aligned_samples: aligned.len(),
+        total_bytes,
+        max_used_bytes,
+        at_moment,
+        non_pytorch_series: series,
+        processes: dev.processes.clone(),
+    })
+}
+
+/// The report of a GPU only text artifacts describe: its OOM message and what nvidia-smi saw.
+pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
+    let empty = DeviceTimeline { device, ..Default::default() };
+    let dev = tl.device(device).unwrap_or(&empty);
+    let msg = last_oom_message(tl, device);
+    let allocated = msg.and_then(|m| m.allocated_bytes).unwrap_or(0);
+    let reserved = msg.and_then(|m| m.reserved_bytes).unwrap_or(0);
+    let unallocated = msg.and_then(|m| m.reserved_unallocated_bytes).unwrap_or(reserved.saturating_sub(allocated));
+    let oom = msg.map(|m| OomReport {
+        source: "log",
+        requested_bytes: m.requested_bytes,
+        device_free_bytes: m.free_bytes,
+        time_us: m.time_us,
+        event_index: None,
+        stream: None,
+        pool: None,
+        cached_free_in_pool_bytes: None,
+        largest_free_in_pool_bytes: None,
+        fits_in_cached_free: None,
+        stack: m.user_frame.iter().cloned().collect(),
+        culprit: m.user_frame.clone().unwrap_or_default(),
+        message: Some(m.clone()),
+    });
+    let oom_count = tl.ooms.iter().filter(|o| o.device.unwrap_or(0) == device).count();
+    let mut notes = Vec::new();
+    if msg.is_some() {
+        notes.push(
+            "No snapshot for this GPU: the figures are the OOM message's. A snapshot shows who allocated what: \
+             torch.cuda.memory._record_memory_history() early in the job, _dump_snapshot() when it fails."
+                .to_string(),
+        );
+    }
+    let observed = summarize(dev, None, msg.and_then(|m| m.time_us));
+    let mut report = DeviceReport {
+        device,
+        moment: if msg.is_some() { "oom" } else { "end" },
+        event_index: None,
+        time_us: msg.and_then(|m| m.time_us),
+        allocated_bytes: allocated,
+        reserved_bytes: reserved,
+        active_bytes: allocated,
+        pending_free_bytes: 0,
+        reserved_unallocated_bytes: unallocated,
+        largest_free_block_bytes: 0,
+        segments: 0,
+        blocks: 0,
+        oom,
+        oom_count,
+        peak: None,
+        end: Totals { allocated_bytes: allocated, reserved_bytes: reserved, active_bytes: allocated },
+        free_by_pool: Vec::new(),
+        top_allocations: Vec::new(),
+        by_stack: Vec::new(),
+        trace: TraceReport::default(),
+        by_category: Vec::new(),
+        budget: None,
+        observed,
+        source: "text",
+        notes,
+        facts: Facts::default(),
+    };
+    report.facts = text_only_facts(&report);
+    report
+}
+
+fn text_only_facts(r: &DeviceReport) -> Facts {
+    let mut f = Facts::default();
+    f.text("moment", super::facts::moment_words(r.moment), "which moment the state facts describe");
+    f.text("source", r.source, "snapshot (allocator data) or text (logs, nvidia-smi only)");
+    f.flag("oom.present", r.oom.is_some(), "a log reported an OOM on this GPU");
+    f.num("oom.count", r.oom_count as f64, Unit::Count, "OOM messages for this GPU");
+    if let Some(o) = &r.oom {
+        f.text("oom.source", o.source, "what says the OOM happened: snapshot or log");
+        f.opt("oom.requested_bytes", o.requested_bytes.map(|b| b as f64), Unit::Bytes, "size the message names");
+        f.opt("oom.device_free_bytes", o.device_free_bytes.map(|b| b as f64), Unit::Bytes, "free on the GPU");
+        f.text("oom.where", o.culprit.clone(), "the last user frame of the traceback");
+        if let Some(m) = &o.message {
+            f.text("oom.kind", kind_name(m), "allocator, runtime_error, cublas_alloc_failed, nccl, tensorflow");
+            if m.allocated_bytes.is_some() {
+                f.num("allocated_bytes", r.allocated_bytes as f64, Unit::Bytes, "allocated by PyTorch (message)");
+            }
+            if m.reserved_bytes.is_some() {
+                f.num("reserved_bytes", r.reserved_bytes as f64, Unit::Bytes, "reserved by PyTorch (message)");
+                f.num(
+                    "reserved_unallocated_bytes",
+                    r.reserved_unallocated_bytes as f64,
+                    Unit::Bytes,
+                    "reserved by PyTorch but unallocated (message)",
+                );
+                if r.reserved_bytes > 0 {
+                    f.num(
+                        "reserved_unallocated_ratio",
+                        r.reserved_unallocated_bytes as f64 / r.reserved_bytes as f64,
+                        Unit::Ratio,
+                        "share of reserved bytes not allocated",
+                    );
+                }
+            }
+        }
+    }
+    outside_pytorch_facts(&mut f, r, None);
+    f
+}
+
+fn kind_name(m: &OomMessage) -> String {
+    serde_json::to_value(m.kind).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+}
+
+/// The GPU's capacity and the memory outside PyTorch's cache, from the best source there is:
+/// 1. a snapshot OOM's driver-reported free bytes with the capacity (total − free − reserved, exact at the OOM);
+/// 2. the OOM message's own figures (total − free − reserved as PyTorch printed them);
+/// 3. the nvidia-smi sample nearest the moment (used − reserved, as close as the sampling interval allows).
+pub fn outside_pytorch_facts(f: &mut Facts, r: &DeviceReport, gpu_memory: Option<u64>) {
+    let msg = r.oom.as_ref().and_then(|o| o.message.as_ref());
+    let smi_total = r.observed.as_ref().and_then(|o| o.total_bytes);
+    let (total, total_doc) = match (gpu_memory, smi_total, msg.and_then(|m| m.total_bytes)) {
+        (Some(t), _, _) => (Some(t), "the GPU's capacity (--gpu-memory)"),
+        (None, Some(t), _) => (Some(t), "the GPU's capacity (nvidia-smi memory.total)"),
+        (None, None, Some(t)) => (Some(t), "the GPU's capacity (the OOM message)"),
+        _ => (None, ""),
+    };
+    let Some(total) = total else { return };
+    f.num("gpu.total_bytes", total as f64, Unit::Bytes, total_doc);
+    let snapshot_free = r.oom.as_ref().filter(|o| o.source == "snapshot").and_then(|o| o.device_free_bytes);
+    let (other, source) = if let Some(free) = snapshot_free {
+        (
+            total.saturating_sub(free).saturating_sub(r.reserved_bytes),
+            "the snapshot's OOM (total − driver free − reserved)",
+        )
+    } else if let Some(n) = msg.and_then(|m| m.non_pytorch_bytes) {
+        (n, "the OOM message (total − free − reserved by PyTorch)")
+    } else if let Some(at) = r.observed.as_ref().and_then(|o| o.at_moment.as_ref()) {
+        (at.non_pytorch_bytes, "nvidia-smi at the moment (used − reserved by PyTorch)")
+    } else {
+        return;
+    };
+    f.num("nonpytorch_bytes", other as f64, Unit::Bytes, "GPU memory in use outside PyTorch's cache at the moment");
+    f.num("nonpytorch_share", other as f64 / total.max(1) as f64, Unit::Ratio, "its share of the GPU");
+    f.text("nonpytorch.source", source, "where the non-PyTorch figure comes from");
+}

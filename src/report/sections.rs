@@ -1,0 +1,262 @@
+//! The parts of a report that text artifacts contribute, as plain lines that the text and Markdown renderers
+//! each dress in their own way: the OOM (from the trace or only from a log), memory as nvidia-smi saw it, a
+//! serving engine's KV cache, and one line per input.
+
+use super::{percent, stream_name};
+use crate::analysis::observed::ObservedMemory;
+use crate::analysis::serving::ServingSummary;
+use crate::analysis::{DeviceReport, OomReport};
+use crate::timeline::{InputInfo, OomMessage};
+use crate::units::bytes;
+
+/// One line naming an input and what was read from it.
+pub fn input_line(i: &InputInfo) -> String {
+    let mut s = match i.pickle_protocol {
+        Some(p) => format!("{}, {}, pickle protocol {p}", i.format_version, bytes(i.bytes)),
+        None => format!("{}, {}", i.kind.replace('_', " "), bytes(i.bytes)),
+    };
+    if !i.read.is_empty() {
+        s.push_str(&format!("; read: {}", i.read.join("; ")));
+    }
+    if !i.skipped.is_empty() {
+        s.push_str(&format!("; skipped (not recognised): {}", i.skipped.join(", ")));
+    }
+    if i.malformed_lines > 0 {
+        let first: Vec<String> =
+            i.malformed.iter().map(|m| format!("line {}: expected {}", m.line, m.expected)).collect();
+        s.push_str(&format!(
+            "; {} malformed line{} skipped ({}; --strict makes them errors)",
+            i.malformed_lines,
+            if i.malformed_lines == 1 { "" } else { "s" },
+            first.join("; ")
+        ));
+    }
+    s
+}
+
+fn opt_bytes(b: Option<u64>) -> String {
+    b.map_or("?".into(), bytes)
+}
+
+/// The OOM: the allocator's view when the trace has it, the message's figures when only a log does.
+/// The first line is the headline; the verdict (if any) is flagged for highlighting.
+pub fn oom_lines(oom: &OomReport) -> Vec<(Highlight, String)> {
+    let mut out = Vec::new();
+    if oom.source == "snapshot" {
+        let free = oom.device_free_bytes.map_or(String::new(), |f| format!("; the GPU had {} free", bytes(f)));
+        out.push((
+            Highlight::Headline,
+            format!(
+                "needed a {} block ({} pool, {}){free}",
+                opt_bytes(oom.requested_bytes),
+                oom.pool.unwrap_or("?"),
+                stream_name(oom.stream.unwrap_or(0)),
+            ),
+        ));
+        let (free, largest) = (oom.cached_free_in_pool_bytes.unwrap_or(0), oom.largest_free_in_pool_bytes.unwrap_or(0));
+        let (verdict, hl) = if oom.fits_in_cached_free == Some(true) && oom.requested_bytes.unwrap_or(0) > largest {
+            ("it would have fit if the cached free memory were one block: fragmentation", Highlight::Warn)
+        } else if free == 0 {
+            ("nothing was cached free in that pool", Highlight::None)
+        } else {
+            ("the cached free memory could not have held it either", Highlight::None)
+        };
+        out.push((
+            hl,
+            format!("cached free in that pool {}, largest free block {} → {verdict}", bytes(free), bytes(largest)),
+        ));
+        out.push((Highlight::Culprit("requested by"), oom.culprit.clone()));
+        if let Some(m) = &oom.message {
+            out.push((Highlight::None, format!("the log says: {}", message_figures(m))));
+        }
+    } else if let Some(m) = &oom.message {
+        let what = match m.requested_bytes {
+            Some(b) => format!("tried to allocate {}", bytes(b)),
+            None => "an allocation failed".to_string(),
+        };
+        out.push((Highlight::Headline, format!("{what} ({}, {})", kind_words(m), where_in_log(m))));
+        let figures = message_figures(m);
+        if !figures.is_empty() {
+            out.push((Highlight::None, figures));
+        }
+        if let (Some(req), Some(un)) = (m.requested_bytes, m.reserved_unallocated_bytes) {
+            if un >= req {
+                out.push((
+                    Highlight::Warn,
+                    format!(
+                        "{} was reserved by PyTorch but unallocated, more than the {} asked for: the cached free \
+                         memory was in pieces too small (fragmentation)",
+                        bytes(un),
+                        bytes(req)
+                    ),
+                ));
+            }
+        }
+        if let Some(f) = &m.user_frame {
+            out.push((Highlight::Culprit("raised at"), f.clone()));
+        }
+        if let Some(h) = &m.hint {
+            out.push((Highlight::Dim, format!("PyTorch's hint: {h}")));
+        }
+    }
+    out
+}
+
+/// How a line should stand out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Highlight {
+    None,
+    Headline,
+    Warn,
+    /// Code (a frame): the text is the frame, shown after these words.
+    Culprit(&'static str),
+    Dim,
+}
+
+fn kind_words(m: &OomMessage) -> String {
+    use crate::timeline::OomKind::*;
+    let k = match m.kind {
+        Allocator => "PyTorch's caching allocator",
+        RuntimeError => "the CUDA runtime",
+        CublasAllocFailed => "cuBLAS",
+        Nccl => "NCCL",
+        Tensorflow => "TensorFlow",
+    };
+    match m.rank {
+        Some(r) => format!("{k}, rank {r}"),
+        None => k.to_string(),
+    }
+}
+
+fn where_in_log(m: &OomMessage) -> String {
+    format!("{}:{}", m.source, m.line)
+}
+
+/// The figures an OOM message gives, in one sentence.
+fn message_figures(m: &OomMessage) -> String {
+    let mut parts = Vec::new();
+    if let Some(t) = m.total_bytes {
+        parts.push(format!("GPU total {}", bytes(t)));
+    }
+    if let Some(f) = m.free_bytes {
+        parts.push(format!("free {}", bytes(f)));
+    }
+    if let Some(a) = m.allocated_bytes {
+        parts.push(format!("allocated by PyTorch {}", bytes(a)));
+    }
+    if let Some(r) = m.reserved_bytes {
+        parts.push(format!("reserved by PyTorch {}", bytes(r)));
+    }
+    if let Some(n) = m.non_pytorch_bytes {
+        parts.push(format!("outside PyTorch {}", bytes(n)));
+    }
+    if let Some(a) = m.allowed_bytes {
+        parts.push(format!("capped at {} (set_per_process_memory_fraction)", bytes(a)));
+    }
+    parts.join(", ")
+}
+
+/// Memory as nvidia-smi saw the GPU, and outside PyTorch.
+pub fn observed_lines(o: &ObservedMemory, d: &DeviceReport) -> Vec<String> {
+    let mut out = Vec::new();
+    let name = o.name.as_deref().map_or(String::new(), |n| format!("{n}: "));
+    out.push(format!(
+        "nvidia-smi: {name}{} sample{}{}, total {}, highest used {}",
+        o.samples,
+        if o.samples == 1 { "" } else { "s" },
+        if d.source == "snapshot" {
+            format!(" ({} on the snapshot's clock)", o.aligned_samples)
+        } else {
+            String::new()
+        },
+        opt_bytes(o.total_bytes),
+        opt_bytes(o.max_used_bytes),
+    ));
+    if let Some(at) = &o.at_moment {
+        out.push(format!(
+            "at the {}: nvidia-smi used {}, PyTorch reserved {} → {} outside PyTorch ({} of the GPU)",
+            d.moment,
+            bytes(at.used_bytes),
+            bytes(at.reserved_bytes),
+            bytes(at.non_pytorch_bytes),
+            o.total_bytes.map_or("?".into(), |t| percent(at.non_pytorch_bytes, t)),
+        ));
+    }
+    if o.non_pytorch_series.len() >= 2 {
+        let vals: Vec<i64> = o.non_pytorch_series.iter().map(|p| p.1.max(0)).collect();
+        let (lo, hi) = (*vals.iter().min().unwrap_or(&0), *vals.iter().max().unwrap_or(&0));
+        out.push(format!(
+            "outside PyTorch over time: {} (min {}, max {})",
+            sparkline(&vals),
+            bytes(lo as u64),
+            bytes(hi as u64)
+        ));
+    }
+    if !o.processes.is_empty() {
+        let procs: Vec<String> = o
+            .processes
+            .iter()
+            .map(|p| format!("{} {} {}", p.pid, p.name, p.used_bytes.map_or("N/A".into(), bytes)))
+            .collect();
+        out.push(format!("processes: {}", procs.join(", ")));
+    }
+    out
+}
+
+fn sparkline(vals: &[i64]) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let (lo, hi) = (*vals.iter().min().unwrap_or(&0), *vals.iter().max().unwrap_or(&0));
+    vals.iter()
+        .map(|&v| if hi == lo { BARS[0] } else { BARS[((v - lo) * 7 / (hi - lo)) as usize] })
+        .collect::<String>()
+        .trim_end()
+        .to_string()
+}
+
+/// A serving engine's KV cache.
+pub fn serving_lines(s: &ServingSummary) -> Vec<String> {
+    let mut out = Vec::new();
+    let c = &s.capacity;
+    let mut cap = Vec::new();
+    if let Some(b) = c.gpu_blocks {
+        cap.push(format!("{b} GPU blocks"));
+    }
+    if let Some(t) = c.tokens {
+        cap.push(format!("{t} tokens"));
+    }
+    if let Some(b) = c.kv_bytes {
+        cap.push(bytes(b));
+    }
+    if let Some((t, x)) = c.max_concurrency {
+        cap.push(format!("{x}× concurrency at {t} tokens per request"));
+    }
+    if !cap.is_empty() {
+        out.push(format!("KV cache: {}", cap.join(", ")));
+    }
+    if let Some((len, fits)) = c.too_small {
+        out.push(format!("refused to start: max seq len {len} is larger than the {fits} tokens the KV cache holds"));
+    }
+    if s.usage_lines > 0 {
+        let pct = |x: Option<f64>| x.map_or("?".into(), |v| format!("{:.1}%", v * 100.0));
+        out.push(format!(
+            "GPU KV cache usage over {} line{} (engine {}): {} → {} (max {}); waiting requests {} → {}",
+            s.usage_lines,
+            if s.usage_lines == 1 { "" } else { "s" },
+            s.engine,
+            pct(s.usage_first),
+            pct(s.usage_last),
+            pct(s.usage_max),
+            s.waiting_first.map_or("?".into(), |w| w.to_string()),
+            s.waiting_last.map_or("?".into(), |w| w.to_string()),
+        ));
+    }
+    if s.preemptions > 0 {
+        out.push(format!(
+            "{} preemption{} ({})",
+            s.preemptions,
+            if s.preemptions == 1 { "" } else { "s" },
+            s.preemption_mode.as_deref().unwrap_or("?")
+        ));
+    }
+    out
+}
