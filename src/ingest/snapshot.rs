@@ -174,7 +174,9 @@ impl SnapshotBuilder {
             match key {
                 k::FILENAME => filename = Some(kv[1].as_str_id()?),
                 k::NAME => name = Some(kv[1].as_str_id()?),
-                k::LINE => line = kv[1].as_i64()?,
+                // torch 2.11 writes synthetic frames (torch.compile's `init_gpu_context`) with line SIZE_MAX:
+                // a line no source has, read as unknown (0).
+                k::LINE => line = kv[1].as_i64().or_else(|| kv[1].as_u64().map(|_| 0)).unwrap_or(0),
                 _ => {}
             }
             // Other keys (2.10's fx_node_* / fx_original_trace) are tolerated.
@@ -212,8 +214,18 @@ impl SnapshotBuilder {
                     self.seen_time = true;
                 }
                 k::FRAMES => {
-                    e.stack = stack_of(&mut self.stacks, &mut self.frame_buf, v)
-                        .ok_or_else(|| format!("{W}: 'frames' is {}, expected a list of frames", v.type_name()))?
+                    e.stack = stack_of(&mut self.stacks, &mut self.frame_buf, v).ok_or_else(|| {
+                        let first_bad = v.list_items().and_then(|items| {
+                            items
+                                .iter()
+                                .position(|it| !matches!(it, Value::Custom(FRAME, _)))
+                                .map(|i| (i, items[i].type_name()))
+                        });
+                        match first_bad {
+                            Some((i, t)) => format!("{W}: 'frames' item {i} is {t}, expected a frame dict"),
+                            None => format!("{W}: 'frames' is {}, expected a list of frames", v.type_name()),
+                        }
+                    })?
                 }
                 k::COMPILE_CONTEXT => {
                     e.compile_context = v.as_str_id().unwrap_or(NO_STR);

@@ -1,0 +1,117 @@
+//! Real failures captured on a real H100 with known causes (fixtures/real-gpu/, made by fixtures/capture/):
+//! each must read, show the OOM the job's own stderr reports, and give the findings its cause calls for.
+
+mod common;
+
+use common::{oomdoc, stderr};
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// `oomdoc analyze` on a scenario's snapshot, with its stderr when the job failed (the OOM message).
+fn analyze(scenario: &str) -> Value {
+    let dir = format!("fixtures/real-gpu/{scenario}");
+    let snap = format!("{dir}/snapshot.pickle");
+    let log = format!("{dir}/stderr.log");
+    let failed = std::fs::read_to_string(common::root().join(&log)).unwrap().contains("OutOfMemoryError");
+    let mut args = vec!["analyze", snap.as_str()];
+    if failed {
+        args.push(log.as_str());
+    }
+    args.extend_from_slice(&["--format", "json"]);
+    let o = oomdoc(&args);
+    assert!(o.status.success(), "{scenario}: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn rules(v: &Value) -> Vec<String> {
+    let mut r: Vec<String> = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| format!("{}:{}", f["rule"].as_str().unwrap(), f["severity"].as_str().unwrap()))
+        .collect();
+    r.sort();
+    r
+}
+
+fn oom(v: &Value) -> &Value {
+    &v["devices"][0]["oom"]
+}
+
+#[test]
+fn fragmentation_is_named_and_expandable_segments_prevent_it() {
+    let v = analyze("fragmentation");
+    assert_eq!(rules(&v), ["fragmentation:error"]);
+    let o = oom(&v);
+    assert_eq!(o["source"], "snapshot");
+    assert_eq!(o["requested_bytes"], 400 * MIB);
+    assert_eq!(o["largest_free_in_pool_bytes"], 156 * MIB);
+    assert_eq!(o["cached_free_in_pool_bytes"], 15 * 156 * MIB);
+    // The job's own message agrees: 2.29 GiB reserved but unallocated, a 4 GiB cap.
+    assert_eq!(o["message"]["requested_bytes"], 400 * MIB);
+    assert_eq!(o["message"]["allowed_bytes"], 4 * GIB);
+    let expandable = analyze("fragmentation-expandable");
+    assert!(expandable["devices"][0]["oom"].is_null());
+    assert_eq!(rules(&expandable), Vec::<String>::new());
+    assert_eq!(expandable["allocator_settings"]["expandable_segments"], true);
+}
+
+#[test]
+fn leaked_graphs_are_named_with_the_line_that_keeps_them() {
+    let v = analyze("leaked-references");
+    assert_eq!(rules(&v), ["leaked-references:error"]);
+    let f = &v["findings"][0];
+    assert!(f["message"].as_str().unwrap().contains("leaked_references.py:18"), "{f}");
+    assert_eq!(oom(&v)["message"]["allowed_bytes"], 3 * GIB);
+}
+
+#[test]
+fn memory_outside_pytorch_is_sized_from_the_oom_message() {
+    // 20 GiB held by CuPy + the CUDA context + NCCL: the device ran out, not PyTorch's cap.
+    let v = analyze("nccl-nonpytorch");
+    assert_eq!(rules(&v), ["nccl-overhead:warning"]);
+    let msg = v["findings"][0]["message"].as_str().unwrap();
+    assert!(msg.contains("21.2 GiB") && msg.contains("NCCL was active"), "{msg}");
+    assert_eq!(oom(&v)["requested_bytes"], 2 * GIB);
+}
+
+#[test]
+fn the_compile_warm_up_peak_is_seen() {
+    // torch 2.11 writes synthetic frames with line SIZE_MAX; they must read.
+    let v = analyze("compile-warmup");
+    assert_eq!(rules(&v), ["compile-warmup:warning"]);
+}
+
+#[test]
+fn a_healthy_loop_and_a_correct_no_sync_raise_nothing() {
+    for s in ["healthy", "ddp-no-sync"] {
+        let v = analyze(s);
+        assert_eq!(rules(&v), Vec::<String>::new(), "{s}");
+        assert!(oom(&v).is_null(), "{s}");
+    }
+}
+
+#[test]
+fn the_other_real_ooms_read_with_their_figures() {
+    // Causes the checklist does not name yet on these real runs (see the issue notes): their facts must be right.
+    let v = analyze("attention-scores");
+    assert_eq!(oom(&v)["requested_bytes"], 16 * GIB);
+    assert_eq!(oom(&v)["message"]["allowed_bytes"], 8 * GIB);
+    assert!(oom(&v)["culprit"].as_str().unwrap().contains("attention_scores.py"), "{}", oom(&v));
+    let v = analyze("kv-growth");
+    assert_eq!(oom(&v)["message"]["requested_bytes"], (1.38 * GIB as f64).round() as u64);
+    assert!(v["devices"][0]["by_category"].as_array().unwrap().iter().any(|c| c["category"] == "kv_cache"));
+    let v = analyze("ddp-without-no-sync");
+    assert!(v["devices"][0]["by_category"].as_array().unwrap().iter().any(|c| c["category"] == "communication"));
+}
+
+#[test]
+fn every_nvidia_smi_log_of_the_corpus_reads() {
+    for s in ["fragmentation", "kv-growth", "nccl-nonpytorch"] {
+        let log = format!("fixtures/real-gpu/{s}/nvidia-smi.csv");
+        let o = oomdoc(&["analyze", &log, "--format", "json"]);
+        assert!(o.status.success(), "{s}: {}", stderr(&o));
+    }
+}
