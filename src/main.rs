@@ -67,7 +67,7 @@ struct TuiArgs {
 #[derive(clap::Args)]
 struct InputArgs {
     /// The job's artifacts, any mix: snapshot pickles (torch.cuda.memory._dump_snapshot), training logs with the
-    /// OOM message, vLLM logs. Each file is recognised by its content.
+    /// OOM message, vLLM logs, nvidia-smi output. Each file is recognised by its content.
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
     /// Read every file as this kind instead of recognising it.
@@ -76,6 +76,9 @@ struct InputArgs {
     /// Lines that cannot be used inside a recognised block are errors (default: skipped and counted).
     #[arg(long)]
     strict: bool,
+    /// Column names of a `noheader` nvidia-smi CSV, as given to --query-gpu (timestamp,index,memory.used,…).
+    #[arg(long, value_name = "A,B,C", value_delimiter = ',')]
+    columns: Option<Vec<String>>,
     /// The zone nvidia-smi and log timestamps were written in (UTC, +02:00, -0530). Default: inferred from the
     /// snapshot's clock when there is one.
     #[arg(long, value_name = "ZONE", value_parser = oomdoc::timeline::clock::parse_tz)]
@@ -279,6 +282,7 @@ fn for_each_input(
         show_progress: !input.no_progress,
         kind: input.kind,
         strict: input.strict,
+        columns: input.columns.clone(),
         clock: oomdoc::timeline::clock::ClockOptions {
             tz_offset_s: input.tz,
             offset_us: input.clock_offset.map_or(0, |s| (s * 1e6).round() as i64),

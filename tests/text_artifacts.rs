@@ -279,3 +279,48 @@ fn a_vllm_cache_that_ran_full_warns_and_one_that_did_not_stays_silent() {
     assert_eq!(rules_fired(&small), ["unbounded-kv-growth:error"]);
     assert!(text(&["fixtures/real/logs/vllm-v0-kv-too-small.log"]).contains("max seq len 131072 is larger"));
 }
+
+// ---- nvidia-smi beside the snapshot: one clock ----
+
+const JOINT_SMI: &str = "fixtures/generated/joint/nccl-with-smi.nvidia-smi.csv";
+
+#[test]
+fn snapshot_and_nvidia_smi_of_the_same_run_state_the_memory_outside_pytorch() {
+    // The simulator held 6 GiB outside PyTorch (NCCL buffers) on a 40 GiB GPU and wrote nvidia-smi's log in
+    // UTC+02:00 wall-clock time; the snapshot's trace is in Unix µs.
+    let v = json(&[JOINT, JOINT_SMI]);
+    assert_eq!(v["clock"]["method"], "inferred");
+    assert_eq!(v["clock"]["zone_offset_s"], 7200);
+    let obs = &v["devices"][0]["observed"];
+    assert_eq!(obs["samples"], 27);
+    assert_eq!(obs["aligned_samples"], 27);
+    assert_eq!(obs["total_bytes"], 40 * GIB);
+    // The sample nearest the OOM: used − reserved, to nvidia-smi's whole MiB.
+    let at = &obs["at_moment"];
+    assert_eq!(at["non_pytorch_bytes"], 6 * GIB);
+    assert!(obs["non_pytorch_series"].as_array().unwrap().len() >= 20);
+    // The GPU's size now comes from nvidia-smi: with the driver's free bytes at the OOM, nccl-overhead fires.
+    assert_eq!(rules_fired(&v), ["nccl-overhead:warning"]);
+    let t = text(&[JOINT, JOINT_SMI]);
+    assert!(t.contains("Clock: wall-clock times (nvidia-smi, logs) read as UTC+02:00"), "{t}");
+    assert!(
+        t.contains("at the OOM: nvidia-smi used 39.2 GiB, PyTorch reserved 33.2 GiB → 6.00 GiB outside PyTorch"),
+        "{t}"
+    );
+    // Told the zone, it is used as given.
+    let tz = json(&[JOINT, JOINT_SMI, "--tz", "+02:00"]);
+    assert_eq!(tz["clock"]["method"], "tz");
+    assert_eq!(tz["devices"][0]["observed"]["at_moment"]["non_pytorch_bytes"], 6 * GIB);
+}
+
+#[test]
+fn nvidia_smi_alone_is_a_report_of_its_own() {
+    let v = json(&[JOINT_SMI]);
+    let d = &v["devices"][0];
+    assert_eq!(d["source"], "text");
+    assert_eq!(d["observed"]["samples"], 27);
+    assert_eq!(d["observed"]["max_used_bytes"], 40_192 * MIB);
+    // Without PyTorch's reserved bytes, nothing is said about memory outside it.
+    assert!(d["observed"]["at_moment"].is_null());
+    assert_eq!(rules_fired(&v), Vec::<String>::new());
+}

@@ -1,5 +1,8 @@
 //! Readers for the artifacts a failed job leaves behind, one module per format, all producing a [`Timeline`].
 
+pub mod ncu;
+pub mod nsys;
+pub mod nvidia_smi;
 pub mod oom_log;
 pub mod pickle;
 pub mod snapshot;
@@ -21,6 +24,9 @@ pub enum Kind {
     Snapshot,
     /// A training or server log: OOM messages, vLLM KV-cache lines.
     Log,
+    /// nvidia-smi output: --query-gpu / --query-compute-apps CSV (with -l/-lms), the default table, -q, dmon,
+    /// pmon, or several of them pasted into one file.
+    NvidiaSmi,
 }
 
 /// How to read a job's artifacts.
@@ -31,6 +37,8 @@ pub struct LoadOptions {
     pub kind: Option<Kind>,
     /// Malformed lines in a recognised block are errors instead of being skipped and counted.
     pub strict: bool,
+    /// Column names of a `noheader` nvidia-smi CSV (`--columns timestamp,index,memory.used`).
+    pub columns: Option<Vec<String>>,
     pub clock: ClockOptions,
 }
 
@@ -40,13 +48,31 @@ struct TextArtifacts {
     inputs: Vec<InputInfo>,
     ooms: Vec<OomMessage>,
     serving: ServingLog,
+    gpus: Vec<nvidia_smi::SmiGpu>,
 }
 
 impl TextArtifacts {
     fn join(&self, tl: &mut Timeline) {
+        // Samples name their input by index among the text inputs; in the joined timeline those follow its own.
+        let base = tl.inputs.len();
         tl.inputs.extend(self.inputs.iter().cloned());
         tl.ooms.extend(self.ooms.iter().cloned());
         tl.serving.merge(self.serving.clone());
+        for g in &self.gpus {
+            let d = tl.device_mut(i64::from(g.index));
+            d.memory_samples.extend(g.samples.iter().cloned().map(|mut s| {
+                s.input += base;
+                s
+            }));
+            if !g.processes.is_empty() {
+                d.processes = g.processes.clone();
+            }
+            if !g.mig.is_empty() {
+                d.mig = g.mig.clone();
+            }
+            d.name = g.name.clone().or(d.name.take());
+            d.bus_id = g.bus_id.clone().or(d.bus_id.take());
+        }
     }
 }
 
@@ -60,6 +86,7 @@ pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> Result<Vec<
         match opts.kind.map_or_else(|| sniff_file(path), Ok)? {
             Kind::Snapshot => snapshots.push(load(path, opts.show_progress)?),
             Kind::Log => read_text(path, opts, &mut text, opts.kind == Some(Kind::Log))?,
+            Kind::NvidiaSmi => read_nvidia_smi(path, opts, &mut text)?,
         }
     }
     if snapshots.is_empty() {
@@ -97,13 +124,17 @@ fn sniff_file(path: &Path) -> Result<Kind, Error> {
     if oom_log::sniff(&text) || vllm_log::sniff(&text) {
         return Ok(Kind::Log);
     }
+    if nvidia_smi::sniff(&text) {
+        return Ok(Kind::NvidiaSmi);
+    }
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     let shown_first: String = first.chars().take(60).collect();
     Err(Error::Input {
         path: shown,
         message: format!(
             "not a recognised artifact. Looked for: a PyTorch memory snapshot pickle (first byte 0x80), a training \
-             log with a CUDA out-of-memory message, a vLLM log with KV-cache lines. Found {}. Use --kind to say \
+             log with a CUDA out-of-memory message, a vLLM log with KV-cache lines, nvidia-smi output (CSV, table, \
+             -q, dmon, pmon). Found {}. Use --kind to say \
              which it is.",
             if n == 0 {
                 "an empty file".to_string()
@@ -160,6 +191,28 @@ fn read_text(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts, forced: b
     note_malformed(&mut info, log.malformed, opts.strict)?;
     out.ooms.extend(log.ooms);
     out.serving.merge(serving);
+    out.inputs.push(info);
+    Ok(())
+}
+
+fn read_nvidia_smi(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
+    let text = read_all(path)?;
+    let p = nvidia_smi::parse(&text, out.inputs.len(), opts.columns.as_deref());
+    let mut info = InputInfo {
+        path: path.display().to_string(),
+        kind: "nvidia_smi",
+        format_version: String::new(),
+        bytes: text.len() as u64,
+        read: p.read,
+        skipped: p.skipped,
+        ..InputInfo::default()
+    };
+    if info.read.is_empty() {
+        info.read.push("no nvidia-smi output recognised".into());
+    }
+    note_malformed(&mut info, p.malformed, opts.strict)?;
+    info.malformed_lines = info.malformed_lines.max(p.malformed_lines);
+    out.gpus.extend(p.gpus);
     out.inputs.push(info);
     Ok(())
 }

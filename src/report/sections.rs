@@ -13,7 +13,7 @@ use crate::units::bytes;
 pub fn input_line(i: &InputInfo) -> String {
     let mut s = match i.pickle_protocol {
         Some(p) => format!("{}, {}, pickle protocol {p}", i.format_version, bytes(i.bytes)),
-        None => format!("{}, {}", i.kind.replace('_', " "), bytes(i.bytes)),
+        None => format!("{}, {}", input_kind_words(i.kind), bytes(i.bytes)),
     };
     if !i.read.is_empty() {
         s.push_str(&format!("; read: {}", i.read.join("; ")));
@@ -32,6 +32,14 @@ pub fn input_line(i: &InputInfo) -> String {
         ));
     }
     s
+}
+
+fn input_kind_words(kind: &str) -> String {
+    match kind {
+        "nvidia_smi" => "nvidia-smi".into(),
+        "vllm_log" => "vLLM log".into(),
+        k => k.replace('_', " "),
+    }
 }
 
 fn opt_bytes(b: Option<u64>) -> String {
@@ -175,7 +183,7 @@ pub fn observed_lines(o: &ObservedMemory, d: &DeviceReport) -> Vec<String> {
     if let Some(at) = &o.at_moment {
         out.push(format!(
             "at the {}: nvidia-smi used {}, PyTorch reserved {} → {} outside PyTorch ({} of the GPU)",
-            d.moment,
+            crate::analysis::facts::moment_words(d.moment),
             bytes(at.used_bytes),
             bytes(at.reserved_bytes),
             bytes(at.non_pytorch_bytes),
