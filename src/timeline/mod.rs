@@ -2,6 +2,7 @@
 
 pub mod clock;
 pub mod observed;
+pub mod profile;
 pub mod replay;
 pub mod stacks;
 
