@@ -57,10 +57,9 @@ pub struct ObservedAt {
     pub line: usize,
 }
 
-/// PyTorch's reserved bytes at a Unix µs time, from the replay (`None` outside the trace).
-fn reserved_at(dev: &DeviceTimeline, replay: &Replay, t: i64) -> Option<u64> {
-    let times: Vec<(usize, i64)> =
-        dev.events.iter().enumerate().filter_map(|(i, e)| e.time_us().map(|t| (i, t))).collect();
+/// PyTorch's reserved bytes at a Unix µs time, from the replay (`None` outside the trace). `times` are the
+/// (event index, time) of the timestamped events, in order.
+fn reserved_at(times: &[(usize, i64)], replay: &Replay, t: i64) -> Option<u64> {
     let (first, last) = (times.first()?, times.last()?);
     if t < first.1 || t > last.1 + NEAREST_SAMPLE_US {
         return None;
@@ -83,11 +82,13 @@ pub fn summarize(dev: &DeviceTimeline, replay: Option<&Replay>, moment_us: Optio
     let mut at_moment = None;
     let mut series = Vec::new();
     if let Some(replay) = replay {
+        let times: Vec<(usize, i64)> =
+            dev.events.iter().enumerate().filter_map(|(i, e)| e.time_us().map(|t| (i, t))).collect();
         if let Some(m) = moment_us {
             let nearest =
                 aligned.iter().filter(|s| (s.0 - m).abs() <= NEAREST_SAMPLE_US).min_by_key(|s| (s.0 - m).abs());
             if let Some(&(t, used, input, line)) = nearest {
-                if let Some(reserved) = reserved_at(dev, replay, t) {
+                if let Some(reserved) = reserved_at(&times, replay, t) {
                     at_moment = Some(ObservedAt {
                         time_us: t,
                         used_bytes: used,
@@ -101,7 +102,7 @@ pub fn summarize(dev: &DeviceTimeline, replay: Option<&Replay>, moment_us: Optio
         }
         let points: Vec<(i64, i64)> = aligned
             .iter()
-            .filter_map(|&(t, used, _, _)| reserved_at(dev, replay, t).map(|r| (t, used as i64 - r as i64)))
+            .filter_map(|&(t, used, _, _)| reserved_at(&times, replay, t).map(|r| (t, used as i64 - r as i64)))
             .collect();
         let step = points.len().div_ceil(SERIES_POINTS).max(1);
         series = points.into_iter().step_by(step).collect();
