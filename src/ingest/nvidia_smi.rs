@@ -294,15 +294,21 @@ impl Builder<'_> {
         }
     }
 
-    fn add_mig(&mut self, pos: usize, m: MigInstance) {
-        let key = |x: &MigInstance| (x.gpu_instance, x.compute_instance, x.mig_device);
+    /// (GPU instance, compute instance, MIG device, used, total bytes).
+    fn add_mig(&mut self, pos: usize, (gi, ci, dev, used, total): (u32, u32, u32, u64, u64)) {
         let list = &mut self.gpus[pos].gpu.mig;
-        match list.iter_mut().find(|x| key(x) == key(&m)) {
+        match list.iter_mut().find(|x| (x.gpu_instance, x.compute_instance, x.mig_device) == (gi, ci, dev)) {
             Some(x) => {
-                x.used_bytes = x.used_bytes.max(m.used_bytes);
-                x.total_bytes = m.total_bytes;
+                x.used_bytes = x.used_bytes.max(used);
+                x.total_bytes = total;
             }
-            None => list.push(m),
+            None => list.push(MigInstance {
+                gpu_instance: gi,
+                compute_instance: ci,
+                mig_device: dev,
+                used_bytes: used,
+                total_bytes: total,
+            }),
         }
     }
 
@@ -454,14 +460,7 @@ impl Builder<'_> {
                             continue;
                         };
                         let pos = self.resolve(Ident { index: Some(gpu), ..Ident::default() });
-                        let m = MigInstance {
-                            gpu_instance: gi,
-                            compute_instance: ci,
-                            mig_device: dev,
-                            used_bytes: used,
-                            total_bytes: total,
-                        };
-                        self.add_mig(pos, m);
+                        self.add_mig(pos, (gi, ci, dev, used, total));
                         migs += 1;
                     }
                     None => self.bad(no, "a MIG device row (`| GPU GI CI MIG | <used>MiB / <total>MiB …`)", s),
@@ -659,14 +658,7 @@ impl Builder<'_> {
             for m in g.migs {
                 if let (Some(gi), Some(ci), Some(used), Some(total)) = (m.gi, m.ci, m.used, m.total) {
                     let dev = m.index.unwrap_or(migs as u32);
-                    let inst = MigInstance {
-                        gpu_instance: gi,
-                        compute_instance: ci,
-                        mig_device: dev,
-                        used_bytes: used,
-                        total_bytes: total,
-                    };
-                    self.add_mig(pos, inst);
+                    self.add_mig(pos, (gi, ci, dev, used, total));
                     migs += 1;
                 }
             }
