@@ -160,6 +160,30 @@ fn bad(line: usize, expected: &str, found: &str) -> Malformed {
     Malformed { line, expected: expected.to_string(), found: excerpt(found) }
 }
 
+/// The launch a row belongs to; what is missing when the row cannot be used.
+fn launch_id(cols: &Cols, cells: &[String], style: NumberStyle) -> Result<u64, String> {
+    let n = cols.names.len();
+    if cells.len() > n && cells[n..].iter().any(|c| !c.trim().is_empty()) {
+        return Err(format!("at most {n} fields as in the header"));
+    }
+    let id = cols.get(cells, "ID").and_then(|s| style.u64(s)).ok_or("a launch number in `ID`")?;
+    if cols.get(cells, "Kernel Name").is_none_or(str::is_empty) {
+        return Err("a `Kernel Name`".into());
+    }
+    Ok(id)
+}
+
+/// A metric cell: a number in the table's style, or text (`n/a`, a device name).
+fn metric_value(text: &str, unit: &str, section: Option<String>, style: NumberStyle) -> MetricValue {
+    let text = text.trim().to_string();
+    MetricValue {
+        value: if is_none_cell(&text) { None } else { style.f64(&text) },
+        unit: unit.trim().to_string(),
+        text,
+        section,
+    }
+}
+
 /// Column positions by name.
 struct Cols<'a> {
     names: &'a [String],
@@ -265,18 +289,13 @@ fn read_details(
     let first_kernel = data.ncu_kernels.len();
     let (mut metric_rows, mut rule_rows) = (0usize, 0usize);
     for (line, cells, raw) in &rows {
-        if cells.len() > names.len() && cells[names.len()..].iter().any(|c| !c.trim().is_empty()) {
-            src.malformed.push(bad(*line, &format!("at most {} fields as in the header", names.len()), raw));
-            continue;
-        }
-        let Some(id) = cols.get(cells, "ID").and_then(|s| style.u64(s)) else {
-            src.malformed.push(bad(*line, "a launch number in `ID`", raw));
-            continue;
+        let id = match launch_id(&cols, cells, style) {
+            Ok(id) => id,
+            Err(expected) => {
+                src.malformed.push(bad(*line, &expected, raw));
+                continue;
+            }
         };
-        if cols.get(cells, "Kernel Name").is_none_or(str::is_empty) {
-            src.malformed.push(bad(*line, "a `Kernel Name`", raw));
-            continue;
-        }
         let pid = cols.get(cells, "Process ID").and_then(|s| style.u64(s));
         let metric = mi.and_then(|i| cells.get(i)).map(|s| s.trim()).filter(|s| !s.is_empty());
         let rule = cols.get(cells, "Rule Name").filter(|s| !s.is_empty());
@@ -291,13 +310,9 @@ fn read_details(
         let kernel = &mut data.ncu_kernels[k];
         let section = cols.get(cells, "Section Name").filter(|s| !s.is_empty()).map(str::to_string);
         if let Some(name) = metric {
-            let text = vi.and_then(|i| cells.get(i)).map_or("", |s| s.trim()).to_string();
-            let value = MetricValue {
-                value: if is_none_cell(&text) { None } else { style.f64(&text) },
-                unit: ui.and_then(|i| cells.get(i)).map_or("", |s| s.trim()).to_string(),
-                text,
-                section: section.clone(),
-            };
+            let text = vi.and_then(|i| cells.get(i)).map_or("", String::as_str);
+            let unit = ui.and_then(|i| cells.get(i)).map_or("", String::as_str);
+            let value = metric_value(text, unit, section.clone(), style);
             insert_metric(&mut kernel.metrics, name, value);
             metric_rows += 1;
         }
@@ -366,30 +381,17 @@ fn read_raw(
     let style = NumberStyle::detect(values, []);
     let mut launches = 0;
     for (line, cells, raw) in &rows {
-        if cells.len() > names.len() && cells[names.len()..].iter().any(|c| !c.trim().is_empty()) {
-            src.malformed.push(bad(*line, &format!("at most {} fields as in the header", names.len()), raw));
-            continue;
-        }
-        let Some(id) = cols.get(cells, "ID").and_then(|s| style.u64(s)) else {
-            src.malformed.push(bad(*line, "a launch number in `ID`", raw));
-            continue;
-        };
-        if cols.get(cells, "Kernel Name").is_none_or(str::is_empty) {
-            src.malformed.push(bad(*line, "a `Kernel Name`", raw));
-            continue;
-        }
-        let mut k = new_kernel(&cols, cells, id, *line, style);
-        for &i in &metric_cols {
-            let Some(text) = cells.get(i).map(|s| s.trim().to_string()) else { continue };
-            if text.is_empty() {
+        let id = match launch_id(&cols, cells, style) {
+            Ok(id) => id,
+            Err(expected) => {
+                src.malformed.push(bad(*line, &expected, raw));
                 continue;
             }
-            let value = MetricValue {
-                value: if is_none_cell(&text) { None } else { style.f64(&text) },
-                unit: units.get(i).map_or("", |s| s.trim()).to_string(),
-                text,
-                section: None,
-            };
+        };
+        let mut k = new_kernel(&cols, cells, id, *line, style);
+        for &i in &metric_cols {
+            let Some(text) = cells.get(i).filter(|s| !s.trim().is_empty()) else { continue };
+            let value = metric_value(text, units.get(i).map_or("", String::as_str), None, style);
             k.metrics.insert(names[i].clone(), value);
         }
         data.ncu_kernels.push(k);

@@ -402,7 +402,7 @@ pub fn sniff(text: &str) -> bool {
         preamble_hint(l).is_some()
             || (l.trim_start().starts_with("SKIPPED:") && l.contains("does not contain"))
             || split_csv(l).and_then(|c| classify_header(&c)).is_some()
-            || lines.get(i + 1).is_some_and(|next| column_spans(next).is_some() && column_header(l, next).is_some())
+            || lines.get(i + 1).is_some_and(|next| column_header(l, next).is_some())
     })
 }
 
@@ -481,7 +481,9 @@ struct Table {
 
 /// Reads one `nsys stats` output: a CSV report file, or a console capture holding several reports. `name_hint` is
 /// the file name (`run_cuda_gpu_kern_sum.csv`), used only where the header row cannot tell (the CUDA API and the
-/// OS runtime summaries share one header). An empty text is an empty report, not an error.
+/// OS runtime summaries share one header). An empty text is an empty report, not an error. A capture's several
+/// report files go through [`parse_files`] or [`read_dir`], which join them before filling in what only the
+/// combined reports (`gpusum`, `apigpusum`) hold; merging single-file results would count those rows twice.
 pub fn parse(text: &str, name_hint: Option<&str>) -> Result<ProfileData, String> {
     let mut data = parse_unfinished(text, name_hint)?;
     data.fill_from_combined();
