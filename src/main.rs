@@ -94,7 +94,7 @@ struct InputArgs {
     #[arg(long, value_name = "WHEN", default_value = "auto")]
     at: At,
     /// The GPU's total memory (e.g. 80GiB, 40GB, 81559347200): lets oomdoc size memory outside PyTorch at an OOM.
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    #[arg(long, value_name = "BYTES", value_parser = oomdoc::units::parse_size_arg)]
     gpu_memory: Option<u64>,
     /// A folder of rule files (*.toml) that add to or override the built-in ones; a categories.toml there adds
     /// category patterns.
@@ -152,26 +152,6 @@ struct ExplainArgs {
     /// Also load rules from this folder.
     #[arg(long, value_name = "DIR")]
     rules: Option<PathBuf>,
-}
-
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a size such as 80GiB, 40GB or 85899345920"))?;
-    let scale = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kib" | "k" => 1024.0,
-        "mib" | "m" => 1024.0 * 1024.0,
-        "gib" | "g" => 1024.0 * 1024.0 * 1024.0,
-        "tib" | "t" => 1024.0f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        other => return Err(format!("{s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, KB, MB, GB)")),
-    };
-    Ok((n * scale) as u64)
 }
 
 fn main() -> ExitCode {

@@ -44,6 +44,27 @@ pub fn duration_us(us: i64) -> String {
     }
 }
 
+/// A size given on the command line: "80GiB", "40GB", "85899345920" (binary and decimal units).
+pub fn parse_size_arg(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a size such as 80GiB, 40GB or 85899345920"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" | "k" => 1024.0,
+        "mib" | "m" => 1024.0 * 1024.0,
+        "gib" | "g" => 1024.0 * 1024.0 * 1024.0,
+        "tib" | "t" => 1024.0f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => return Err(format!("{s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, KB, MB, GB)")),
+    };
+    Ok((n * scale) as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,17 +25,6 @@ fn analyze(scenario: &str) -> Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
-fn rules(v: &Value) -> Vec<String> {
-    let mut r: Vec<String> = v["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| format!("{}:{}", f["rule"].as_str().unwrap(), f["severity"].as_str().unwrap()))
-        .collect();
-    r.sort();
-    r
-}
-
 fn oom(v: &Value) -> &Value {
     &v["devices"][0]["oom"]
 }
@@ -43,7 +32,7 @@ fn oom(v: &Value) -> &Value {
 #[test]
 fn fragmentation_is_named_and_expandable_segments_prevent_it() {
     let v = analyze("fragmentation");
-    assert_eq!(rules(&v), ["fragmentation:error"]);
+    assert_eq!(common::rules_fired(&v), ["fragmentation:error"]);
     let o = oom(&v);
     assert_eq!(o["source"], "snapshot");
     assert_eq!(o["requested_bytes"], 400 * MIB);
@@ -54,14 +43,14 @@ fn fragmentation_is_named_and_expandable_segments_prevent_it() {
     assert_eq!(o["message"]["allowed_bytes"], 4 * GIB);
     let expandable = analyze("fragmentation-expandable");
     assert!(expandable["devices"][0]["oom"].is_null());
-    assert_eq!(rules(&expandable), Vec::<String>::new());
+    assert_eq!(common::rules_fired(&expandable), Vec::<String>::new());
     assert_eq!(expandable["allocator_settings"]["expandable_segments"], true);
 }
 
 #[test]
 fn leaked_graphs_are_named_with_the_line_that_keeps_them() {
     let v = analyze("leaked-references");
-    assert_eq!(rules(&v), ["leaked-references:error"]);
+    assert_eq!(common::rules_fired(&v), ["leaked-references:error"]);
     let f = &v["findings"][0];
     assert!(f["message"].as_str().unwrap().contains("leaked_references.py:18"), "{f}");
     assert_eq!(oom(&v)["message"]["allowed_bytes"], 3 * GIB);
@@ -71,7 +60,7 @@ fn leaked_graphs_are_named_with_the_line_that_keeps_them() {
 fn memory_outside_pytorch_is_sized_from_the_oom_message() {
     // 20 GiB held by CuPy + the CUDA context + NCCL: the device ran out, not PyTorch's cap.
     let v = analyze("nccl-nonpytorch");
-    assert_eq!(rules(&v), ["nccl-overhead:warning"]);
+    assert_eq!(common::rules_fired(&v), ["nccl-overhead:warning"]);
     let msg = v["findings"][0]["message"].as_str().unwrap();
     assert!(msg.contains("21.2 GiB") && msg.contains("NCCL was active"), "{msg}");
     assert_eq!(oom(&v)["requested_bytes"], 2 * GIB);
@@ -81,14 +70,14 @@ fn memory_outside_pytorch_is_sized_from_the_oom_message() {
 fn the_compile_warm_up_peak_is_seen() {
     // torch 2.11 writes synthetic frames with line SIZE_MAX; they must read.
     let v = analyze("compile-warmup");
-    assert_eq!(rules(&v), ["compile-warmup:warning"]);
+    assert_eq!(common::rules_fired(&v), ["compile-warmup:warning"]);
 }
 
 #[test]
 fn a_healthy_loop_and_a_correct_no_sync_raise_nothing() {
     for s in ["healthy", "ddp-no-sync"] {
         let v = analyze(s);
-        assert_eq!(rules(&v), Vec::<String>::new(), "{s}");
+        assert_eq!(common::rules_fired(&v), Vec::<String>::new(), "{s}");
         assert!(oom(&v).is_null(), "{s}");
     }
 }

@@ -29,17 +29,6 @@ fn text(args: &[&str]) -> String {
     stdout(&o)
 }
 
-fn rules_fired(v: &Value) -> Vec<String> {
-    let mut r: Vec<String> = v["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| format!("{}:{}", f["rule"].as_str().unwrap(), f["severity"].as_str().unwrap()))
-        .collect();
-    r.sort();
-    r
-}
-
 fn temp(name: &str, body: &str) -> (tempdir::Dir, String) {
     let d = tempdir::Dir::new();
     let p = d.0.join(name);
@@ -110,7 +99,7 @@ fn a_log_alone_gives_the_oom_its_figures_and_the_memory_outside_pytorch() {
     assert_eq!(d["oom"]["message"]["line"], 9);
     assert_eq!(d["oom"]["culprit"], "train_fsdp.py:74 in main");
     // 6 GiB outside PyTorch on a 40 GiB GPU, from the message's own figures: nccl-overhead (no NCCL frames known).
-    assert_eq!(rules_fired(&v), ["nccl-overhead:warning"]);
+    assert_eq!(common::rules_fired(&v), ["nccl-overhead:warning"]);
     let f = &v["findings"][0];
     assert!(f["message"].as_str().unwrap().contains("6.00 GiB (15% of the GPU)"), "{f}");
     assert!(f["message"].as_str().unwrap().contains("from the OOM message"), "{f}");
@@ -132,14 +121,14 @@ fn fragmentation_from_the_oom_message_alone() {
                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.\n";
     let (_d, path) = temp("train.log", log);
     let v = json(&[&path]);
-    assert_eq!(rules_fired(&v), ["fragmentation:error"]);
+    assert_eq!(common::rules_fired(&v), ["fragmentation:error"]);
     let f = v["findings"].as_array().unwrap().iter().find(|f| f["rule"] == "fragmentation").unwrap();
     let msg = f["message"].as_str().unwrap();
     assert!(msg.contains("6.41 GiB reserved but unallocated") && msg.contains("request for 2.00 GiB"), "{msg}");
     // The same job with only 1 GiB cached free: a real shortage, not fragmentation.
     let short = log.replace("6.41 GiB is reserved", "1.00 GiB is reserved");
     let (_d2, path2) = temp("train.log", &short);
-    assert!(!rules_fired(&json(&[&path2])).iter().any(|r| r.starts_with("fragmentation")));
+    assert!(!common::rules_fired(&json(&[&path2])).iter().any(|r| r.starts_with("fragmentation")));
 }
 
 #[test]
@@ -177,7 +166,7 @@ fn the_snapshot_oom_carries_the_log_message_of_the_same_gpu() {
     assert_eq!(d["oom"]["source"], "snapshot");
     assert_eq!(d["oom"]["message"]["requested_bytes"], 1536 * MIB);
     // Total from the message + the driver's free bytes from the snapshot: exact non-PyTorch memory.
-    assert_eq!(rules_fired(&v), ["nccl-overhead:warning"]);
+    assert_eq!(common::rules_fired(&v), ["nccl-overhead:warning"]);
     let msg = v["findings"][0]["message"].as_str().unwrap().to_string();
     assert!(msg.contains("6.00 GiB (15% of the GPU)") && msg.contains("NCCL was active"), "{msg}");
     assert!(msg.contains("snapshot's OOM"), "{msg}");
@@ -186,7 +175,7 @@ fn the_snapshot_oom_carries_the_log_message_of_the_same_gpu() {
 #[test]
 fn without_the_log_no_number_it_cannot_know() {
     let v = json(&[JOINT]);
-    assert_eq!(rules_fired(&v), Vec::<String>::new());
+    assert_eq!(common::rules_fired(&v), Vec::<String>::new());
     assert!(v["ooms"].as_array().unwrap().is_empty());
     assert!(v["devices"][0].get("observed").is_none());
     let t = text(&[JOINT]);
@@ -267,16 +256,16 @@ fn every_real_vllm_sample_yields_what_it_shows() {
 #[test]
 fn a_vllm_cache_that_ran_full_warns_and_one_that_did_not_stays_silent() {
     let full = json(&["fixtures/real/logs/vllm-v1-near-full-kv.log"]);
-    assert_eq!(rules_fired(&full), ["unbounded-kv-growth:warning"]);
+    assert_eq!(common::rules_fired(&full), ["unbounded-kv-growth:warning"]);
     let f = &full["findings"][0];
     assert!(f["device"].is_null(), "a job-level finding: {f}");
     assert!(f["message"].as_str().unwrap().contains("up to 43 requests waited"), "{f}");
     assert_eq!(full["serving"]["usage_lines"], 5);
     let growing = json(&["fixtures/real/logs/vllm-v1-growing-kv-docker.log"]);
-    assert_eq!(rules_fired(&growing), Vec::<String>::new());
+    assert_eq!(common::rules_fired(&growing), Vec::<String>::new());
     assert_eq!(growing["serving"]["usage_max"], 0.799);
     let small = json(&["fixtures/real/logs/vllm-v0-kv-too-small.log"]);
-    assert_eq!(rules_fired(&small), ["unbounded-kv-growth:error"]);
+    assert_eq!(common::rules_fired(&small), ["unbounded-kv-growth:error"]);
     assert!(text(&["fixtures/real/logs/vllm-v0-kv-too-small.log"]).contains("max seq len 131072 is larger"));
 }
 
@@ -300,7 +289,7 @@ fn snapshot_and_nvidia_smi_of_the_same_run_state_the_memory_outside_pytorch() {
     assert_eq!(at["non_pytorch_bytes"], 6 * GIB);
     assert!(obs["non_pytorch_series"].as_array().unwrap().len() >= 20);
     // The GPU's size now comes from nvidia-smi: with the driver's free bytes at the OOM, nccl-overhead fires.
-    assert_eq!(rules_fired(&v), ["nccl-overhead:warning"]);
+    assert_eq!(common::rules_fired(&v), ["nccl-overhead:warning"]);
     let t = text(&[JOINT, JOINT_SMI]);
     assert!(t.contains("Clock: wall-clock times (nvidia-smi, logs) read as UTC+02:00"), "{t}");
     assert!(
@@ -322,5 +311,5 @@ fn nvidia_smi_alone_is_a_report_of_its_own() {
     assert_eq!(d["observed"]["max_used_bytes"], 40_192 * MIB);
     // Without PyTorch's reserved bytes, nothing is said about memory outside it.
     assert!(d["observed"]["at_moment"].is_null());
-    assert_eq!(rules_fired(&v), Vec::<String>::new());
+    assert_eq!(common::rules_fired(&v), Vec::<String>::new());
 }

@@ -100,6 +100,19 @@ impl Facts {
     }
 }
 
+/// Reserved-but-unallocated bytes and their share of reserved, from a report (a snapshot's or an OOM message's).
+pub(crate) fn reserved_unallocated_facts(f: &mut Facts, r: &DeviceReport, doc: &'static str) {
+    f.num("reserved_unallocated_bytes", r.reserved_unallocated_bytes as f64, Unit::Bytes, doc);
+    if r.reserved_bytes > 0 {
+        f.num(
+            "reserved_unallocated_ratio",
+            r.reserved_unallocated_bytes as f64 / r.reserved_bytes as f64,
+            Unit::Ratio,
+            "share of reserved bytes not allocated",
+        );
+    }
+}
+
 /// The moment as messages say it ("at the OOM", "at the peak").
 pub(crate) fn moment_words(moment: &str) -> &'static str {
     match moment {
@@ -129,20 +142,7 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
     f.num("allocated_bytes", r.allocated_bytes as f64, Unit::Bytes, "bytes held by tensors at the moment");
     f.num("reserved_bytes", r.reserved_bytes as f64, Unit::Bytes, "bytes PyTorch's cache holds from the driver");
     f.num("active_bytes", r.active_bytes as f64, Unit::Bytes, "allocated plus freed-but-pending bytes");
-    f.num(
-        "reserved_unallocated_bytes",
-        r.reserved_unallocated_bytes as f64,
-        Unit::Bytes,
-        "reserved but not allocated to a tensor",
-    );
-    if r.reserved_bytes > 0 {
-        f.num(
-            "reserved_unallocated_ratio",
-            r.reserved_unallocated_bytes as f64 / r.reserved_bytes as f64,
-            Unit::Ratio,
-            "share of reserved bytes not allocated",
-        );
-    }
+    reserved_unallocated_facts(&mut f, r, "reserved but not allocated to a tensor");
     f.num("largest_free_block_bytes", r.largest_free_block_bytes as f64, Unit::Bytes, "largest cached free block");
     f.num(
         "cache.free_bytes",

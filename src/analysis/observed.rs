@@ -203,20 +203,7 @@ fn text_only_facts(r: &DeviceReport) -> Facts {
             }
             if m.reserved_bytes.is_some() {
                 f.num("reserved_bytes", r.reserved_bytes as f64, Unit::Bytes, "reserved by PyTorch (message)");
-                f.num(
-                    "reserved_unallocated_bytes",
-                    r.reserved_unallocated_bytes as f64,
-                    Unit::Bytes,
-                    "reserved by PyTorch but unallocated (message)",
-                );
-                if r.reserved_bytes > 0 {
-                    f.num(
-                        "reserved_unallocated_ratio",
-                        r.reserved_unallocated_bytes as f64 / r.reserved_bytes as f64,
-                        Unit::Ratio,
-                        "share of reserved bytes not allocated",
-                    );
-                }
+                super::facts::reserved_unallocated_facts(&mut f, r, "reserved by PyTorch but unallocated (message)");
             }
         }
     }

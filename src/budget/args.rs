@@ -342,23 +342,7 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
 
 /// "80GiB", "40GB", "85899345920".
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a size such as 80GiB, 40GB or 85899345920"))?;
-    let scale = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" | "g" => 1024.0f64.powi(3),
-        "tib" => 1024.0f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        other => return Err(format!("{s:?}: unknown unit {other:?} (use B, MiB, GiB, MB, GB)")),
-    };
-    Ok((n * scale) as u64)
+    crate::units::parse_size_arg(s)
 }
 
 #[cfg(test)]

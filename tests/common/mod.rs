@@ -65,3 +65,15 @@ impl Drop for TempFile {
 pub fn read(p: impl AsRef<Path>) -> Vec<u8> {
     std::fs::read(root().join(p)).unwrap()
 }
+
+/// The findings of a JSON report as sorted `rule:severity` strings.
+pub fn rules_fired(v: &serde_json::Value) -> Vec<String> {
+    let mut r: Vec<String> = v["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .map(|f| format!("{}:{}", f["rule"].as_str().unwrap_or("?"), f["severity"].as_str().unwrap_or("?")))
+        .collect();
+    r.sort();
+    r
+}
