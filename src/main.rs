@@ -280,11 +280,7 @@ fn for_each_input(
         if let Some(b) = &prediction {
             oomdoc::budget::compare::attach(&mut a, b);
         }
-        for d in &a.devices {
-            a.findings.extend(rules.evaluate(Some(d.device), &d.facts));
-        }
-        a.findings.extend(rules.evaluate(None, &a.job_facts));
-        oomdoc::rules::sort_findings(&mut a.findings);
+        rules.apply(&mut a);
         if timing {
             eprintln!("oomdoc: analysed in {:.3} s", t1.elapsed().as_secs_f64());
         }

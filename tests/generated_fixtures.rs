@@ -173,11 +173,21 @@ fn each_rule_fires_on_its_scenarios_and_stays_silent_on_the_near_misses() {
 
 /// Rules whose facts come from inputs beside the snapshot: their firing and silent cases are tested where those
 /// inputs are (rule id, test file, [firing test, silent test]).
-const NEEDS_MORE_THAN_A_SNAPSHOT: &[(&str, &str, &[&str])] = &[(
-    "budget-overrun",
-    "tests/budget.rs",
-    &["budget_overrun_flags_activations_when_checkpointing_was_assumed", "predicted_vs_measured_on_a_real_snapshot"],
-)];
+const NEEDS_MORE_THAN_A_SNAPSHOT: &[(&str, &str, &[&str])] = &[
+    (
+        "budget-overrun",
+        "tests/budget.rs",
+        &[
+            "budget_overrun_flags_activations_when_checkpointing_was_assumed",
+            "predicted_vs_measured_on_a_real_snapshot",
+        ],
+    ),
+    (
+        "kernel-bound",
+        "tests/profile_findings.rs",
+        &["ncu_one_memory_bound_one_compute_bound_kernel", "kernel_thresholds_live_in_the_rule_file"],
+    ),
+];
 
 #[test]
 fn every_builtin_rule_has_a_firing_and_a_silent_scenario() {

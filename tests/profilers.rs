@@ -322,7 +322,7 @@ fn nsys_2023_report_names_and_2024_trace_header() {
 
     assert_eq!(d.kernels.len(), 3);
     assert_eq!((d.kernels[0].instances, d.kernels[0].time.total_ns, d.kernels[0].grid), (16, 250_000_000, None));
-    assert_eq!(d.gpu_trace.len(), 37);
+    assert_eq!(d.gpu_trace.len(), 53);
     let memset = d.gpu_trace.iter().find(|o| o.kind == GpuOpKind::Memset).unwrap();
     assert_eq!(
         (memset.bytes, memset.src_kind.as_deref(), memset.dst_kind.as_deref()),
@@ -330,7 +330,7 @@ fn nsys_2023_report_names_and_2024_trace_header() {
     );
     let k = d.gpu_trace.iter().find(|o| o.kind == GpuOpKind::Kernel).unwrap();
     assert_eq!((k.grid, k.stream), (Some(Dim3 { x: 1024, y: 1, z: 1 }), Some(7)));
-    assert_eq!(d.copy_volume(CopyDirection::HostToDevice), Some((67_109_000, 1)));
+    assert_eq!(d.copy_volume(CopyDirection::HostToDevice), Some((201_333_000, 17)));
     let memsets = d.mem_ops.iter().find(|m| m.kind == GpuOpKind::Memset).unwrap();
     assert_eq!((memsets.count, memsets.size.unwrap().total_bytes, memsets.time.unwrap().total_ns), (2, 4_000, 3_968));
 

@@ -4,6 +4,7 @@
 pub mod categories;
 pub mod facts;
 pub mod observed;
+pub mod profile;
 pub mod serving;
 pub mod stacks;
 
@@ -102,9 +103,16 @@ pub struct Analysis {
     /// How the text artifacts' times were put on the snapshot's clock.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clock: Option<crate::timeline::clock::ClockReport>,
-    /// Facts about the job rather than one GPU (a serving log's KV cache); rules see them with no device.
+    /// What the profiler exports (Nsight Systems, Nsight Compute) said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<profile::ProfileSummary>,
+    /// Facts about the job rather than one GPU (a serving log's KV cache, profiler exports); rules see them with
+    /// no device.
     #[serde(skip)]
     pub job_facts: facts::Facts,
+    /// Facts of each Nsight Compute launch, for rules with `each = "kernel"`.
+    #[serde(skip)]
+    pub kernel_facts: Vec<facts::Facts>,
 }
 
 #[derive(Debug, Serialize, Clone)]
@@ -291,6 +299,11 @@ pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) ->
             ));
         }
     }
+    let profile_summary = profile::summarize(&tl.profile, opts.top);
+    let mut job_facts = serving::facts(&tl.serving);
+    if let Some(p) = &profile_summary {
+        profile::facts(p, &mut job_facts);
+    }
     Ok(Analysis {
         schema_version: SCHEMA_VERSION,
         tool: "oomdoc",
@@ -303,7 +316,9 @@ pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) ->
         ooms: tl.ooms.clone(),
         serving: serving::summarize(&tl.serving),
         clock: tl.clock.clone(),
-        job_facts: serving::facts(&tl.serving),
+        profile: profile_summary,
+        job_facts,
+        kernel_facts: tl.profile.ncu_kernels.iter().map(profile::kernel_facts).collect(),
     })
 }
 

@@ -2,6 +2,7 @@
 
 pub mod ncu;
 pub mod nsys;
+pub mod nsys_sqlite;
 pub mod nvidia_smi;
 pub mod oom_log;
 pub mod pickle;
@@ -14,6 +15,7 @@ use std::io::{IsTerminal, Read};
 use std::path::Path;
 
 use crate::timeline::clock::{self, ClockOptions};
+use crate::timeline::profile::{ProfileData, ProfileSource};
 use crate::timeline::{InputInfo, Malformed, OomMessage, ServingLog, Timeline};
 use crate::Error;
 
@@ -27,6 +29,11 @@ pub enum Kind {
     /// nvidia-smi output: --query-gpu / --query-compute-apps CSV (with -l/-lms), the default table, -q, dmon,
     /// pmon, or several of them pasted into one file.
     NvidiaSmi,
+    /// Nsight Systems: `nsys stats` CSV reports (a file, or a directory of `<base>_<report>.csv`), a console
+    /// capture of `nsys stats`, or the SQLite export (`nsys export --type sqlite`).
+    Nsys,
+    /// Nsight Compute CSV: the details page (`ncu --csv`) or the raw page (`--page raw`).
+    Ncu,
 }
 
 /// How to read a job's artifacts.
@@ -49,6 +56,10 @@ struct TextArtifacts {
     ooms: Vec<OomMessage>,
     serving: ServingLog,
     gpus: Vec<nvidia_smi::SmiGpu>,
+    profile: ProfileData,
+    /// `nsys stats` report files, read together at the end (a capture's combined and dedicated reports must be
+    /// joined before one fills the other in): (index in `inputs`, file name, text).
+    nsys_files: Vec<(usize, String, String)>,
 }
 
 impl TextArtifacts {
@@ -58,6 +69,7 @@ impl TextArtifacts {
         tl.inputs.extend(self.inputs.iter().cloned());
         tl.ooms.extend(self.ooms.iter().cloned());
         tl.serving.merge(self.serving.clone());
+        tl.profile.merge(self.profile.clone());
         for g in &self.gpus {
             let d = tl.device_mut(i64::from(g.index));
             d.memory_samples.extend(g.samples.iter().cloned().map(|mut s| {
@@ -83,12 +95,19 @@ pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> Result<Vec<
     let mut snapshots = Vec::new();
     let mut text = TextArtifacts::default();
     for path in paths {
+        if path.is_dir() {
+            read_nsys_dir(path, opts, &mut text)?;
+            continue;
+        }
         match opts.kind.map_or_else(|| sniff_file(path), Ok)? {
             Kind::Snapshot => snapshots.push(load(path, opts.show_progress)?),
             Kind::Log => read_text(path, opts, &mut text, opts.kind == Some(Kind::Log))?,
             Kind::NvidiaSmi => read_nvidia_smi(path, opts, &mut text)?,
+            Kind::Nsys => read_nsys(path, &mut text)?,
+            Kind::Ncu => read_ncu(path, opts, &mut text)?,
         }
     }
+    finish_nsys_files(opts, &mut text)?;
     if snapshots.is_empty() {
         snapshots.push(Timeline::default());
     }
@@ -120,7 +139,21 @@ fn sniff_file(path: &Path) -> Result<Kind, Error> {
         // A pickle too short to hold anything: let the snapshot reader say what is missing.
         return Ok(Kind::Snapshot);
     }
+    let mut sqlite_head = [0u8; 16];
+    let m = File::open(path).and_then(|mut f| f.read(&mut sqlite_head)).map_err(io_err)?;
+    if nsys_sqlite::sniff(&sqlite_head[..m]) {
+        return Ok(Kind::Nsys);
+    }
     let text = read_all(path)?;
+    // Profiler exports first: their header rows are specific, and a console capture may quote the profiled
+    // program's own output (an OOM message included).
+    if ncu::sniff(&text) {
+        return Ok(Kind::Ncu);
+    }
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if nsys::sniff(&text) || (text.trim().is_empty() && nsys::is_report_file_name(&file_name)) {
+        return Ok(Kind::Nsys);
+    }
     if oom_log::sniff(&text) || vllm_log::sniff(&text) {
         return Ok(Kind::Log);
     }
@@ -134,7 +167,7 @@ fn sniff_file(path: &Path) -> Result<Kind, Error> {
         message: format!(
             "not a recognised artifact. Looked for: a PyTorch memory snapshot pickle (first byte 0x80), a training \
              log with a CUDA out-of-memory message, a vLLM log with KV-cache lines, nvidia-smi output (CSV, table, \
-             -q, dmon, pmon). Found {}. Use --kind to say \
+             -q, dmon, pmon), an Nsight Systems stats CSV or SQLite export, an Nsight Compute CSV. Found {}. Use --kind to say \
              which it is.",
             if n == 0 {
                 "an empty file".to_string()
@@ -213,6 +246,106 @@ fn read_nvidia_smi(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> 
     note_malformed(&mut info, p.malformed, opts.strict)?;
     info.malformed_lines = info.malformed_lines.max(p.malformed_lines);
     out.gpus.extend(p.gpus);
+    out.inputs.push(info);
+    Ok(())
+}
+
+fn profile_input(path: &Path, kind: &'static str, bytes: u64, sources: &[ProfileSource]) -> InputInfo {
+    let several = sources.len() > 1;
+    let mut info = InputInfo {
+        path: path.display().to_string(),
+        kind,
+        bytes,
+        format_version: String::new(),
+        ..InputInfo::default()
+    };
+    for s in sources {
+        if info.format_version.is_empty() {
+            info.format_version = s.format.clone();
+        }
+        let prefix = if several { format!("{}: ", s.name) } else { String::new() };
+        info.read.extend(s.read.iter().map(|r| format!("{prefix}{r}")));
+        info.skipped.extend(s.skipped.iter().map(|r| format!("{prefix}{r}")));
+    }
+    info
+}
+
+fn profile_malformed(sources: &[ProfileSource]) -> Vec<Malformed> {
+    sources.iter().flat_map(|s| s.malformed.iter().cloned()).collect()
+}
+
+/// An `nsys stats` report file (read with its siblings at the end) or an SQLite export (read now).
+fn read_nsys(path: &Path, out: &mut TextArtifacts) -> Result<(), Error> {
+    let shown = path.display().to_string();
+    let mut head = [0u8; 16];
+    let n = File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .map_err(|source| Error::Io { path: shown.clone(), source })?;
+    if nsys_sqlite::sniff(&head[..n]) {
+        let data = nsys_sqlite::read(path).map_err(|message| Error::Input { path: shown.clone(), message })?;
+        let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+        let mut info = profile_input(path, "nsys_sqlite", bytes, &data.sources);
+        info.malformed_lines = data.malformed_count();
+        info.malformed = profile_malformed(&data.sources).into_iter().take(MALFORMED_SHOWN).collect();
+        out.profile.merge(data);
+        out.inputs.push(info);
+        return Ok(());
+    }
+    let text = read_all(path)?;
+    let name = path.file_name().map_or_else(|| shown.clone(), |n| n.to_string_lossy().into_owned());
+    out.inputs.push(InputInfo {
+        path: shown,
+        kind: "nsys",
+        bytes: text.len() as u64,
+        format_version: String::new(),
+        ..InputInfo::default()
+    });
+    out.nsys_files.push((out.inputs.len() - 1, name, text));
+    Ok(())
+}
+
+fn finish_nsys_files(opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
+    if out.nsys_files.is_empty() {
+        return Ok(());
+    }
+    let files = std::mem::take(&mut out.nsys_files);
+    let data = nsys::parse_files(files.iter().map(|(_, n, t)| (n.as_str(), t.as_str())))
+        .map_err(|message| Error::Input { path: out.inputs[files[0].0].path.clone(), message })?;
+    for (i, name, _) in &files {
+        let sources: Vec<ProfileSource> = data.sources.iter().filter(|s| &s.name == name).cloned().collect();
+        let info = &mut out.inputs[*i];
+        let filled = profile_input(Path::new(&info.path), "nsys", info.bytes, &sources);
+        info.format_version = filled.format_version;
+        info.read = filled.read;
+        info.skipped = filled.skipped;
+        note_malformed(info, profile_malformed(&sources), opts.strict)?;
+    }
+    out.profile.merge(data);
+    Ok(())
+}
+
+/// A directory of `nsys stats --format csv --output` report files.
+fn read_nsys_dir(dir: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
+    let shown = dir.display().to_string();
+    let data = nsys::read_dir(dir).map_err(|message| Error::Input {
+        path: shown.clone(),
+        message: format!("a directory is read as Nsight Systems `nsys stats` report files: {message}"),
+    })?;
+    let mut info = profile_input(dir, "nsys", 0, &data.sources);
+    note_malformed(&mut info, profile_malformed(&data.sources), opts.strict)?;
+    out.profile.merge(data);
+    out.inputs.push(info);
+    Ok(())
+}
+
+fn read_ncu(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
+    let shown = path.display().to_string();
+    let text = read_all(path)?;
+    let name = path.file_name().map_or_else(|| shown.clone(), |n| n.to_string_lossy().into_owned());
+    let data = ncu::parse(&text, Some(&name)).map_err(|message| Error::Input { path: shown.clone(), message })?;
+    let mut info = profile_input(path, "ncu", text.len() as u64, &data.sources);
+    note_malformed(&mut info, profile_malformed(&data.sources), opts.strict)?;
+    out.profile.merge(data);
     out.inputs.push(info);
     Ok(())
 }

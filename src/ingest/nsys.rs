@@ -307,6 +307,12 @@ fn report_from_name(name: &str) -> Option<(&'static str, Report)> {
         .map(|&(r, k)| (r, k))
 }
 
+/// Whether a file name is one `nsys stats --output` writes (`<base>_<report>.csv`): recognises the empty report
+/// files nsys leaves when a report has no data.
+pub fn is_report_file_name(name: &str) -> bool {
+    name.ends_with(".csv") && report_from_name(name).is_some()
+}
+
 /// A header cell: its label (`Total Time`) and the unit in its trailing parentheses (`ns`).
 #[derive(Clone, Debug)]
 struct Col {

@@ -26,8 +26,18 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
     if let Some(s) = &a.serving {
         let _ = writeln!(o, "**Serving engine (vLLM)**: {}\n", esc(&sections::serving_lines(s).join("; ")));
     }
+    if let Some(p) = &a.profile {
+        let lines = sections::profile_lines(p);
+        let _ = writeln!(o, "**Profiler exports (Nsight Systems / Nsight Compute)**\n");
+        for l in &lines {
+            let _ = writeln!(o, "- {}", esc(l.trim_start()));
+        }
+        let _ = writeln!(o);
+    }
     if a.devices.is_empty() && a.findings.is_empty() {
-        let _ = writeln!(o, "No GPU memory in these files: no segments, no trace events, no OOM message.");
+        if a.profile.is_none() {
+            let _ = writeln!(o, "No GPU memory in these files: no segments, no trace events, no OOM message.");
+        }
         return o;
     }
     if !a.findings.is_empty() {

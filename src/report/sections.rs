@@ -1,13 +1,15 @@
 //! The parts of a report that text artifacts contribute, as plain lines that the text and Markdown renderers
 //! each dress in their own way: the OOM (from the trace or only from a log), memory as nvidia-smi saw it, a
-//! serving engine's KV cache, and one line per input.
+//! serving engine's KV cache, what profiler exports said, and one line per input.
 
 use super::{percent, stream_name};
 use crate::analysis::observed::ObservedMemory;
+use crate::analysis::profile::{NcuRow, ProfileSummary};
 use crate::analysis::serving::ServingSummary;
 use crate::analysis::{DeviceReport, OomReport};
+use crate::timeline::profile::{short_kernel_name, CopyDirection};
 use crate::timeline::{InputInfo, OomMessage};
-use crate::units::bytes;
+use crate::units::{bytes, duration_us};
 
 /// One line naming an input and what was read from it.
 pub fn input_line(i: &InputInfo) -> String {
@@ -265,6 +267,147 @@ pub fn serving_lines(s: &ServingSummary) -> Vec<String> {
             if s.preemptions == 1 { "" } else { "s" },
             s.preemption_mode.as_deref().unwrap_or("?")
         ));
+    }
+    out
+}
+
+fn ns(n: u64) -> String {
+    duration_us((n / 1000) as i64)
+}
+
+fn ns_f(n: Option<f64>) -> String {
+    n.map_or("?".into(), |v| duration_us((v / 1000.0).round() as i64))
+}
+
+fn pct_f(v: Option<f64>) -> String {
+    v.map_or("?".into(), |v| format!("{v:.0}%"))
+}
+
+/// What the profiler exports said, one line each: steps and their all-reduces, collectives, allocator calls,
+/// copies, the driver's memory curve, the longest kernels, Nsight Compute's classes and top launches.
+pub fn profile_lines(p: &ProfileSummary) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(s) = &p.steps {
+        out.push(format!(
+            "Optimizer steps in the GPU trace: {} ({} with all-reduces): per step {} micro-batch{}, all-reduces in {} \
+             of them, {} all-reduce launch{} (medians)",
+            s.steps,
+            s.steps_with_allreduce,
+            s.microbatches_per_step,
+            if s.microbatches_per_step == 1 { "" } else { "es" },
+            s.allreduce_microbatches_per_step,
+            s.allreduce_per_step,
+            if s.allreduce_per_step == 1 { "" } else { "es" },
+        ));
+    }
+    if !p.collectives.is_empty() {
+        let parts: Vec<String> = p
+            .collectives
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} ×{}{}",
+                    c.op.name(),
+                    c.launches,
+                    if c.total_ns > 0 { format!(" ({})", ns(c.total_ns)) } else { String::new() }
+                )
+            })
+            .collect();
+        out.push(format!("NCCL collectives: {}", parts.join(", ")));
+    }
+    for r in p.collectives_per_nvtx_range.iter().take(5) {
+        out.push(format!(
+            "NVTX range {:?}: {} {} launches over {} instance{}",
+            r.range,
+            r.launches,
+            r.op.name(),
+            r.range_instances,
+            if r.range_instances == 1 { "" } else { "s" }
+        ));
+    }
+    if let Some(a) = &p.allocator_calls {
+        let share = if p.api_time_ns > 0 {
+            format!(
+                ", {:.0}% of CUDA API time",
+                (a.device_alloc_ns + a.device_free_ns) as f64 * 100.0 / p.api_time_ns as f64
+            )
+        } else {
+            String::new()
+        };
+        out.push(format!(
+            "Allocator calls: cudaMalloc ×{} ({}), cudaFree ×{} ({}){share}",
+            a.device_alloc_calls,
+            ns(a.device_alloc_ns),
+            a.device_free_calls,
+            ns(a.device_free_ns),
+        ));
+    }
+    if !p.copies.is_empty() {
+        let parts: Vec<String> = p
+            .copies
+            .iter()
+            .map(|c| {
+                let dir = match c.direction {
+                    CopyDirection::HostToDevice => "host→device",
+                    CopyDirection::DeviceToHost => "device→host",
+                    _ => "device→device",
+                };
+                format!("{dir} {} in {} cop{}", bytes(c.bytes), c.count, if c.count == 1 { "y" } else { "ies" })
+            })
+            .collect();
+        out.push(format!("Copies: {}", parts.join(", ")));
+    }
+    for d in &p.driver_memory {
+        let curve: Vec<i64> = d.curve.iter().map(|&v| v as i64).collect();
+        out.push(format!(
+            "GPU {} device memory from the driver: peak {} at {} into the capture, {} at the end ({} allocations, {} \
+             frees)  {}",
+            d.device,
+            bytes(d.peak_bytes),
+            ns(d.peak_time_ns),
+            bytes(d.end_bytes),
+            d.allocations,
+            d.frees,
+            sparkline(&curve)
+        ));
+    }
+    if !p.kernels_by_time.is_empty() {
+        let parts: Vec<String> = p
+            .kernels_by_time
+            .iter()
+            .map(|k| format!("{} {:.0}% (×{})", short_kernel_name(&k.name), k.share * 100.0, k.instances))
+            .collect();
+        out.push(format!("Longest kernels ({} GPU time in all): {}", ns(p.kernel_time_ns), parts.join(", ")));
+    }
+    if let Some(n) = &p.ncu {
+        let classes: Vec<String> = n.classes.iter().map(|(c, k)| format!("{k} {c}")).collect();
+        out.push(format!(
+            "Nsight Compute: {} launch{}{}",
+            n.kernels,
+            if n.kernels == 1 { "" } else { "es" },
+            if classes.is_empty() { String::new() } else { format!(" — {}", classes.join(", ")) }
+        ));
+        let row = |r: &NcuRow| {
+            format!(
+                "{} (id {}, {}, memory {}, SM {}, DRAM {}{})",
+                short_kernel_name(&r.name),
+                r.id,
+                ns_f(r.duration_ns),
+                pct_f(r.memory_throughput_pct),
+                pct_f(r.sm_throughput_pct),
+                r.dram_bytes.map_or("?".into(), |b| bytes(b as u64)),
+                r.class.as_ref().map_or(String::new(), |c| format!(", {c}"))
+            )
+        };
+        if !n.by_time.is_empty() {
+            out.push(format!("  longest: {}", n.by_time.iter().take(3).map(row).collect::<Vec<_>>().join("; ")));
+        }
+        if !n.by_dram_bytes.is_empty() {
+            out.push(format!(
+                "  most DRAM bytes: {}",
+                n.by_dram_bytes.iter().take(3).map(row).collect::<Vec<_>>().join("; ")
+            ));
+        }
     }
     out
 }

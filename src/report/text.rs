@@ -52,7 +52,7 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
     if let Some(c) = &a.clock {
         let _ = writeln!(o, "{} {}", st.dim("Clock:"), c.description);
     }
-    if a.devices.is_empty() && a.serving.is_none() {
+    if a.devices.is_empty() && a.serving.is_none() && a.profile.is_none() {
         let _ = writeln!(o, "\nNo GPU memory in these files: no segments, no trace events, no OOM message.");
     }
     if !a.findings.is_empty() {
@@ -77,6 +77,12 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
     if let Some(s) = &a.serving {
         let _ = writeln!(o, "\n{}  {}", st.bold("Serving engine (vLLM)"), st.dim(&s.sources.join(", ")));
         for line in sections::serving_lines(s) {
+            let _ = writeln!(o, "  {line}");
+        }
+    }
+    if let Some(p) = &a.profile {
+        let _ = writeln!(o, "\n{}", st.bold("Profiler exports (Nsight Systems / Nsight Compute)"));
+        for line in sections::profile_lines(p) {
             let _ = writeln!(o, "  {line}");
         }
     }

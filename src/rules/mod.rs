@@ -50,6 +50,10 @@ pub struct Case {
     pub fix: String,
     /// Facts quoted as evidence (besides those the condition reads).
     pub evidence: Vec<String>,
+    /// Rules with `each`: the class this case gives the items it matches (`memory-bound`).
+    pub label: Option<String>,
+    /// Rules with `each`: how one item reads in the finding's `{group.list}`.
+    pub item: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -60,9 +64,22 @@ pub struct Rule {
     pub explain: String,
     pub references: Vec<String>,
     pub cases: Vec<Case>,
+    /// Evaluated once per item of this collection (`kernel`: each Nsight Compute launch) instead of once per
+    /// device; the items one case matches make one finding.
+    pub each: Option<String>,
+    /// Rules with `each`: the item fact that orders the items of a finding, largest first.
+    pub rank: Option<String>,
     /// Where it came from: `built-in rules/x.toml` or a path.
     pub source: String,
 }
+
+/// The collections a rule can name in `each`, and the fact that names an item.
+pub const COLLECTIONS: &[(&str, &str)] = &[("kernel", "kernel.short_name")];
+
+/// Items of a collection a finding quotes in its evidence.
+const GROUP_EVIDENCE_ITEMS: usize = 10;
+/// Items of a collection a finding's `{group.list}` names.
+const GROUP_LIST_ITEMS: usize = 5;
 
 /// A rule file that cannot be used: `file:line:col: what was expected`.
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +112,10 @@ struct RawRule {
     evidence: Vec<String>,
     #[serde(default, rename = "case")]
     cases: Vec<RawCase>,
+    #[serde(default)]
+    each: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    rank: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -106,6 +127,10 @@ struct RawCase {
     fix: String,
     #[serde(default)]
     evidence: Vec<String>,
+    #[serde(default)]
+    label: Option<String>,
+    #[serde(default)]
+    item: Option<String>,
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
@@ -160,7 +185,7 @@ pub fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
             expr::parse(src).map_err(|e| err_at(content_start(text, when.span().start) + e.offset, e.expected))?;
         check_template(&message).map_err(|m| err_at(0, format!("message: {m}")))?;
         check_template(&fix).map_err(|m| err_at(0, format!("fix: {m}")))?;
-        Ok(Case { severity: sev, when: expr, when_src: src.clone(), message, fix, evidence })
+        Ok(Case { severity: sev, when: expr, when_src: src.clone(), message, fix, evidence, label: None, item: None })
     };
     let mut cases = Vec::new();
     match (&raw.severity, &raw.when) {
@@ -173,7 +198,22 @@ pub fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
         _ => return Err(err_at(0, "a rule needs both 'severity' and 'when' (or [[case]] tables)".into())),
     }
     for c in raw.cases {
-        cases.push(parse_case(&c.severity, &c.when, c.message, c.fix, c.evidence)?);
+        let mut case = parse_case(&c.severity, &c.when, c.message, c.fix, c.evidence)?;
+        if let Some(item) = &c.item {
+            check_template(item).map_err(|m| err_at(0, format!("item: {m}")))?;
+        }
+        case.label = c.label;
+        case.item = c.item;
+        cases.push(case);
+    }
+    if let Some(each) = &raw.each {
+        if !COLLECTIONS.iter().any(|(c, _)| c == each.get_ref()) {
+            let known: Vec<&str> = COLLECTIONS.iter().map(|(c, _)| *c).collect();
+            return Err(err_at(
+                each.span().start,
+                format!("expected 'each' to name a collection ({}), found {:?}", known.join(", "), each.get_ref()),
+            ));
+        }
     }
     if cases.is_empty() {
         return Err(err_at(0, "a rule needs 'severity', 'when', 'message' and 'fix', or [[case]] tables".into()));
@@ -187,6 +227,8 @@ pub fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
         explain: raw.explain,
         references: raw.references,
         cases,
+        each: raw.each.map(|e| e.into_inner()),
+        rank: raw.rank,
         source: file.to_string(),
     })
 }
@@ -280,7 +322,7 @@ impl RuleSet {
     pub fn evaluate(&self, device: Option<i64>, facts: &Facts) -> Vec<Finding> {
         let lookup = |name: &str| facts.get(name).map_or(Val::Missing, |f| f.value.clone());
         let mut out = Vec::new();
-        for rule in &self.rules {
+        for rule in self.rules.iter().filter(|r| r.each.is_none()) {
             let Some(case) = rule.cases.iter().find(|c| expr::eval(&c.when, &lookup).truthy()) else { continue };
             let mut names = Vec::new();
             expr::facts(&case.when, &mut names);
@@ -303,6 +345,126 @@ impl RuleSet {
             });
         }
         out
+    }
+}
+
+/// What rules with `each` found over one collection.
+#[derive(Debug, Default)]
+pub struct EachOutcome {
+    pub findings: Vec<Finding>,
+    /// Per item, the label of the first labelled case that matched it (rules in order).
+    pub labels: Vec<Option<String>>,
+}
+
+impl RuleSet {
+    /// Runs the rules with `each = collection` over its items: each item's facts, with the job's facts behind
+    /// them. The items one case matches make one finding: its message sees the top item's facts (by the rule's
+    /// `rank`) and `group.count`, `group.of`, `group.list`.
+    pub fn evaluate_each(&self, collection: &str, items: &[Facts], job: &Facts) -> EachOutcome {
+        let mut out = EachOutcome { findings: Vec::new(), labels: vec![None; items.len()] };
+        let name_fact = COLLECTIONS.iter().find(|(c, _)| *c == collection).map_or("", |(_, n)| n);
+        for rule in self.rules.iter().filter(|r| r.each.as_deref() == Some(collection)) {
+            let mut groups: Vec<Vec<usize>> = vec![Vec::new(); rule.cases.len()];
+            for (i, item) in items.iter().enumerate() {
+                let lookup = |n: &str| item.get(n).or_else(|| job.get(n)).map_or(Val::Missing, |f| f.value.clone());
+                if let Some(c) = rule.cases.iter().position(|c| expr::eval(&c.when, &lookup).truthy()) {
+                    groups[c].push(i);
+                    if out.labels[i].is_none() {
+                        out.labels[i] = rule.cases[c].label.clone();
+                    }
+                }
+            }
+            for (case, mut members) in rule.cases.iter().zip(groups) {
+                if members.is_empty() {
+                    continue;
+                }
+                if let Some(rank) = &rule.rank {
+                    let key = |i: &usize| match items[*i].get(rank).map(|f| &f.value) {
+                        Some(Val::Num(n)) => *n,
+                        _ => f64::NEG_INFINITY,
+                    };
+                    members.sort_by(|a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
+                }
+                let mut facts = job.clone();
+                for (k, f) in items[members[0]].iter() {
+                    facts.insert(k, f.clone());
+                }
+                let item_template = case.item.clone().unwrap_or_else(|| format!("{{{name_fact}}}"));
+                let mut list: Vec<String> = members
+                    .iter()
+                    .take(GROUP_LIST_ITEMS)
+                    .map(|&i| {
+                        let mut f = job.clone();
+                        for (k, v) in items[i].iter() {
+                            f.insert(k, v.clone());
+                        }
+                        render_template(&item_template, &f)
+                    })
+                    .collect();
+                if members.len() > GROUP_LIST_ITEMS {
+                    list.push(format!("and {} more", members.len() - GROUP_LIST_ITEMS));
+                }
+                let doc = "items this case matched";
+                facts.num("group.count", members.len() as f64, crate::analysis::facts::Unit::Count, doc);
+                facts.num("group.of", items.len() as f64, crate::analysis::facts::Unit::Count, "items evaluated");
+                facts.text("group.list", list.join("; "), "the top items, as the case's `item` template reads");
+                let mut names = Vec::new();
+                expr::facts(&case.when, &mut names);
+                names.extend(case.evidence.iter().cloned());
+                names.insert(0, name_fact.to_string());
+                names.extend(rule.rank.iter().cloned());
+                let mut seen = std::collections::HashSet::new();
+                names.retain(|n| seen.insert(n.clone()));
+                let quoted: Vec<serde_json::Value> = members
+                    .iter()
+                    .take(GROUP_EVIDENCE_ITEMS)
+                    .map(|&i| {
+                        let mut m = BTreeMap::new();
+                        for n in &names {
+                            if let Some(f) = items[i].get(n) {
+                                m.insert(n.clone(), f.to_json());
+                            }
+                        }
+                        serde_json::to_value(m).expect("json")
+                    })
+                    .collect();
+                out.findings.push(Finding {
+                    rule: rule.id.clone(),
+                    severity: case.severity.name().to_string(),
+                    device: None,
+                    title: match &case.label {
+                        Some(l) => format!("{} — {l}", rule.title),
+                        None => rule.title.clone(),
+                    },
+                    message: render_template(&case.message, &facts),
+                    evidence: serde_json::json!({
+                        "count": members.len(),
+                        "of": items.len(),
+                        format!("{collection}s"): quoted,
+                    }),
+                    fix: render_template(&case.fix, &facts),
+                    references: rule.references.clone(),
+                });
+            }
+        }
+        out
+    }
+}
+
+impl RuleSet {
+    /// Runs every rule on an analysis: per device, on the job's facts, over each collection; records the classes
+    /// the `each` rules gave, and sorts the findings most important first.
+    pub fn apply(&self, a: &mut crate::analysis::Analysis) {
+        for d in &a.devices {
+            a.findings.extend(self.evaluate(Some(d.device), &d.facts));
+        }
+        a.findings.extend(self.evaluate(None, &a.job_facts));
+        let kernels = self.evaluate_each("kernel", &a.kernel_facts, &a.job_facts);
+        a.findings.extend(kernels.findings);
+        if let Some(p) = &mut a.profile {
+            p.set_ncu_classes(&kernels.labels);
+        }
+        sort_findings(&mut a.findings);
     }
 }
 

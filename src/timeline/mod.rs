@@ -286,6 +286,8 @@ pub struct Timeline {
     pub serving: ServingLog,
     /// How text artifacts' wall-clock stamps were put on the common clock.
     pub clock: Option<clock::ClockReport>,
+    /// What Nsight Systems and Nsight Compute exports of the job said.
+    pub profile: profile::ProfileData,
 }
 
 /// What the capture settings recorded, inferred from the file.

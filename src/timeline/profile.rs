@@ -36,6 +36,33 @@ pub struct ProfileData {
     pub combined: Vec<CombinedSummary>,
     /// Nsight Compute: one entry per profiled kernel launch.
     pub ncu_kernels: Vec<NcuKernel>,
+    /// Nsight Systems SQLite export captured with `--cuda-memory-usage=true`: every device allocation and free the
+    /// CUDA driver saw (`CUDA_GPU_MEMORY_USAGE_EVENTS`), in time order.
+    pub memory_events: Vec<DriverMemoryEvent>,
+}
+
+/// One allocation or free the CUDA driver saw (nsys `CUDA_GPU_MEMORY_USAGE_EVENTS`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DriverMemoryEvent {
+    /// Nanoseconds since the capture started.
+    pub time_ns: u64,
+    /// The CUDA device index.
+    pub device: i64,
+    /// The process (nsys `globalPid` >> 24 & 0xFFFFFF), when known.
+    pub pid: Option<u64>,
+    pub address: u64,
+    /// Bytes allocated or freed.
+    pub bytes: u64,
+    pub op: DriverMemoryOp,
+    /// The memory kind as nsys names it (`Device`, `Pinned`, `Managed` …).
+    pub mem_kind: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverMemoryOp {
+    Alloc,
+    Free,
 }
 
 /// What one input gave.
@@ -768,6 +795,7 @@ impl ProfileData {
         self.nvtx_kernels.extend(other.nvtx_kernels);
         self.combined.extend(other.combined);
         self.ncu_kernels.extend(other.ncu_kernels);
+        self.memory_events.extend(other.memory_events);
         for op in other.mem_ops {
             self.add_mem_op(op);
         }
@@ -835,6 +863,7 @@ impl ProfileData {
             && self.nvtx_kernels.is_empty()
             && self.combined.is_empty()
             && self.ncu_kernels.is_empty()
+            && self.memory_events.is_empty()
     }
 
     /// Malformed rows over all sources.
@@ -905,6 +934,55 @@ impl ProfileData {
         out
     }
 
+    /// How gradient all-reduces fall into optimizer steps and micro-batches, from the GPU trace. Steps end at the
+    /// optimizer's kernels (a run of them with nothing else of note between is one step end); micro-batches start
+    /// at the copy of their inputs to the GPU (a run of host-to-device copies is one start). `None` without a GPU
+    /// trace that shows at least one optimizer step and one all-reduce.
+    pub fn step_structure(&self) -> Option<StepStructure> {
+        let mut ops: Vec<&GpuOp> = self.gpu_trace.iter().collect();
+        ops.sort_by_key(|o| o.start_ns);
+        let mut steps: Vec<StepCounts> = Vec::new();
+        let mut cur = StepCounts::default();
+        // Where the last event of note was: a micro-batch start, an all-reduce, or an optimizer kernel.
+        let mut prev: Option<Mark> = None;
+        let mut mb_has_allreduce = false;
+        let mut any_allreduce = false;
+        for o in ops {
+            let mark = match o.kind {
+                GpuOpKind::Memcpy(CopyDirection::HostToDevice) => Mark::Input,
+                GpuOpKind::Kernel if is_optimizer_kernel(&o.name) => Mark::Optimizer,
+                GpuOpKind::Kernel if nccl_collective(&o.name).is_some_and(|c| c.op == CollectiveOp::AllReduce) => {
+                    Mark::AllReduce
+                }
+                _ => continue,
+            };
+            match mark {
+                Mark::Input if prev != Some(Mark::Input) => {
+                    cur.microbatches += 1;
+                    mb_has_allreduce = false;
+                }
+                Mark::AllReduce => {
+                    any_allreduce = true;
+                    cur.allreduce_launches += 1;
+                    if !mb_has_allreduce {
+                        cur.microbatches_with_allreduce += 1;
+                        mb_has_allreduce = true;
+                    }
+                }
+                Mark::Optimizer if prev != Some(Mark::Optimizer) => {
+                    steps.push(std::mem::take(&mut cur));
+                    mb_has_allreduce = false;
+                }
+                _ => {}
+            }
+            prev = Some(mark);
+        }
+        if steps.is_empty() || !any_allreduce {
+            return None;
+        }
+        Some(StepStructure { steps, trailing: cur })
+    }
+
     /// cudaMalloc/cudaFree (and relatives) calls and time, from the CUDA API summary (or `apigpusum`).
     pub fn allocator_calls(&self) -> AllocatorCalls {
         let mut a = AllocatorCalls::default();
@@ -964,6 +1042,71 @@ impl ProfileData {
     /// The `n` kernels with the most total GPU time (nsys kernel summary).
     pub fn top_kernels_by_time(&self, n: usize) -> Vec<&KernelSummary> {
         top_by(&self.kernels, n, |k| Some(k.time.total_ns as f64))
+    }
+}
+
+/// A kernel name without its return type, namespaces, template arguments and parameters:
+/// `void at::native::vectorized_elementwise_kernel<4, …>(int, …)` → `vectorized_elementwise_kernel`.
+pub fn short_kernel_name(name: &str) -> String {
+    let cleaned = name.trim().replace("(anonymous namespace)::", "").replace("<unnamed>::", "");
+    let n = cleaned.strip_prefix("void ").unwrap_or(&cleaned);
+    // Templates and parameters both start at the first `<` or `(`.
+    let end = n.find(['<', '(']).unwrap_or(n.len());
+    let head = &n[..end];
+    let last = head.rsplit("::").next().unwrap_or(head).trim();
+    if last.is_empty() {
+        n.chars().take(60).collect()
+    } else {
+        last.to_string()
+    }
+}
+
+/// Kernels of an optimizer step: PyTorch's foreach and fused optimizers (and the gradient clipping and AMP
+/// unscaling that run right before them) all launch `multi_tensor_apply_kernel`; apex's and DeepSpeed's fused
+/// Adam/LAMB name themselves. A step written as plain per-parameter loops is not recognised.
+pub fn is_optimizer_kernel(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("multi_tensor_apply")
+        || ["fused_adam", "fusedadam", "multi_tensor_adam", "multi_tensor_lamb", "adam_kernel", "lamb_kernel"]
+            .iter()
+            .any(|o| n.contains(o))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mark {
+    Input,
+    AllReduce,
+    Optimizer,
+}
+
+/// One optimizer step as the GPU trace shows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StepCounts {
+    /// Runs of host-to-device copies (a micro-batch's inputs arriving).
+    pub microbatches: u64,
+    /// NCCL all-reduce launches.
+    pub allreduce_launches: u64,
+    /// Micro-batches during which at least one all-reduce ran.
+    pub microbatches_with_allreduce: u64,
+}
+
+/// Steps of a GPU trace: each complete one (ended by the optimizer) and what came after the last.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StepStructure {
+    pub steps: Vec<StepCounts>,
+    pub trailing: StepCounts,
+}
+
+impl StepStructure {
+    /// The median over complete steps that all-reduced at all (the lower one of an even count).
+    pub fn median(&self, f: impl Fn(&StepCounts) -> u64) -> u64 {
+        let mut v: Vec<u64> = self.steps.iter().filter(|s| s.allreduce_launches > 0).map(f).collect();
+        v.sort_unstable();
+        v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+    }
+
+    pub fn steps_with_allreduce(&self) -> usize {
+        self.steps.iter().filter(|s| s.allreduce_launches > 0).count()
     }
 }
 
