@@ -346,8 +346,21 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
 }
 
 fn tui(args: TuiArgs) -> Result<ExitCode, Error> {
-    if args.input.files.len() > 1 {
-        return Err(Error::Usage("oomdoc tui opens one snapshot at a time; run it once per file".into()));
+    let mut snapshots = 0;
+    for f in &args.input.files {
+        let kind = match args.input.kind {
+            Some(k) => k,
+            None if f.is_dir() => oomdoc::ingest::Kind::Nsys,
+            None => oomdoc::ingest::sniff_file(f)?,
+        };
+        snapshots += usize::from(kind == oomdoc::ingest::Kind::Snapshot);
+    }
+    if snapshots > 1 {
+        return Err(Error::Usage(
+            "oomdoc tui opens one snapshot at a time (with any logs, nvidia-smi or Nsight exports beside it); run it \
+             once per snapshot"
+                .into(),
+        ));
     }
     if !std::io::stdout().is_terminal() {
         return Err(Error::Usage("oomdoc tui needs a terminal; use `oomdoc analyze` for a report".into()));
@@ -365,18 +378,27 @@ fn facts(args: FactsArgs) -> Result<ExitCode, Error> {
     let mut out = String::new();
     let mut json = serde_json::Map::new();
     for_each_input(&args.input, 10, |_, a| {
-        for d in &a.devices {
-            let key = format!("{}#{}", a.inputs.last().map_or("", |i| i.path.as_str()), d.device);
+        let input = a.inputs.last().map_or("", |i| i.path.as_str()).to_string();
+        // Per device, then the job's own facts (logs, profiler exports), then each Nsight Compute launch's.
+        let mut groups: Vec<(String, &oomdoc::analysis::facts::Facts)> =
+            a.devices.iter().map(|d| (format!("{input}#{}", d.device), &d.facts)).collect();
+        if a.job_facts.iter().next().is_some() {
+            groups.push((format!("{input} (job)"), &a.job_facts));
+        }
+        for (i, k) in a.kernel_facts.iter().enumerate() {
+            groups.push((format!("{input} kernel #{i}"), k));
+        }
+        for (key, facts) in groups {
             if args.json {
                 let mut m = serde_json::Map::new();
-                for (name, f) in d.facts.iter() {
+                for (name, f) in facts.iter() {
                     m.insert(name.clone(), serde_json::Value::String(f.display("")));
                 }
                 json.insert(key, serde_json::Value::Object(m));
                 continue;
             }
             out.push_str(&format!("{key}\n"));
-            for (name, f) in d.facts.iter() {
+            for (name, f) in facts.iter() {
                 out.push_str(&format!("  {:<40} {:<24} {}\n", name, f.display(""), f.doc));
             }
         }

@@ -241,3 +241,19 @@ fn nsys_sqlite_export_gives_the_driver_memory_timeline() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("not an Nsight Systems export"), "{}", stderr(&o));
 }
+
+#[test]
+fn readme_each_rule_example_works() {
+    // The `each` example of rules/README.md, as a user would copy it into their rules folder.
+    let readme = std::fs::read_to_string(common::root().join("rules/README.md")).unwrap();
+    let start = readme.find("id = \"slow-nccl\"").expect("the example is in the README");
+    let end = start + readme[start..].find("```").unwrap();
+    let dir = std::env::temp_dir().join(format!("oomdoc-readme-each-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("slow-nccl.toml"), &readme[start..end]).unwrap();
+    let v = json(&["--rules", dir.to_str().unwrap(), "fixtures/real/ncu/ncu2025.3_csv_details_nccl_h100.txt"]);
+    let f = v["findings"].as_array().unwrap().iter().find(|f| f["rule"] == "slow-nccl").expect("the example fires");
+    // The single-GPU NCCL reduction of that capture computes at 4% of SM peak.
+    assert_eq!(f["message"], "1 of 7 launches are NCCL kernels that barely compute: oneRankReduce (56 µs).");
+    let _ = std::fs::remove_dir_all(dir);
+}

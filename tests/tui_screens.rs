@@ -149,3 +149,34 @@ fn real_snapshot_with_findings_every_view() {
     assert_eq!(app.panel, Panel::Live);
     assert_eq!(app.cursor, app.device().unwrap().replay.peak_allocated.1, "a finding without an OOM goes to the peak");
 }
+
+#[test]
+fn profile_panel_beside_a_snapshot() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let paths: Vec<std::path::PathBuf> = [
+        "fixtures/generated/rules/fragmentation-fire.pickle",
+        "fixtures/profilers/ddp_accum_cuda_gpu_trace.csv",
+        "fixtures/real/ncu/ncu2025.3_csv_details_sol_h100.txt",
+    ]
+    .iter()
+    .map(|p| root.join(p))
+    .collect();
+    let mut tls = oomdoc::ingest::load_job(&paths, &oomdoc::ingest::LoadOptions::default()).unwrap();
+    assert_eq!(tls.len(), 1);
+    let tl = tls.remove(0);
+    let cats = Categorizer::builtin();
+    let mut a = analysis::analyze(&tl, &Options::default(), &cats).unwrap();
+    RuleSet::builtin().apply(&mut a);
+    let mut app = App::new(&tl, &a, &cats, "fragmentation-fire.pickle + nsys + ncu".into());
+    assert_eq!(app.panels(), [Panel::Live, Panel::Segments, Panel::Findings, Panel::Profile]);
+    actions(&mut app, &[Action::PrevPanel]);
+    assert_eq!(app.panel, Panel::Profile);
+    actions(&mut app, &[Action::Select(1)]);
+    let s = screen(&app, 140, 36);
+    assert!(s.contains("compute-and-memory-bound"), "{s}");
+    insta::assert_snapshot!("profile_panel", s);
+    // Without profiler exports there is no profile panel to Tab to.
+    let (tl, a) = load("fixtures/generated/rules/fragmentation-fire.pickle");
+    let app = App::new(&tl, &a, &cats, "x".into());
+    assert_eq!(app.panels(), [Panel::Live, Panel::Segments, Panel::Findings]);
+}

@@ -31,11 +31,12 @@ pub struct Fact {
 }
 
 impl Fact {
-    /// Formats for a message: `fmt` is "", "bytes", "pct", "count", "num" or "s".
+    /// Formats for a message: `fmt` is "", "bytes", "pct", "pct1" (one decimal), "count", "num" or "s".
     pub fn display(&self, fmt: &str) -> String {
         match (&self.value, fmt) {
             (Val::Num(n), "bytes") => bytes(n.max(0.0) as u64),
             (Val::Num(n), "pct") => format!("{:.0}%", n * 100.0),
+            (Val::Num(n), "pct1") => format!("{:.1}%", n * 100.0),
             (Val::Num(n), "count") => format!("{}", n.round() as i64),
             (Val::Num(n), "s") => duration_us(*n as i64),
             (Val::Num(n), "num") => fmt_num(*n),

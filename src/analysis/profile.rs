@@ -376,6 +376,11 @@ pub fn kernel_facts(k: &NcuKernel) -> Facts {
     f.text("kernel.name", k.name.clone(), "the kernel's name as Nsight Compute wrote it");
     f.text("kernel.short_name", crate::timeline::profile::short_kernel_name(&k.name), "the name without templates");
     f.num("kernel.id", k.id as f64, Unit::Count, "the launch's ID in the export");
+    let nccl = crate::timeline::profile::nccl_collective(&k.name);
+    f.flag("kernel.nccl", nccl.is_some(), "an NCCL collective kernel");
+    if let Some(c) = nccl {
+        f.text("kernel.collective", c.op.name(), "the NCCL collective (AllReduce, AllGather …)");
+    }
     f.opt(
         "kernel.memory_throughput",
         k.memory_throughput_pct().map(|p| p / 100.0),

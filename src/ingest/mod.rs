@@ -126,8 +126,8 @@ fn read_all(path: &Path) -> Result<String, Error> {
     })
 }
 
-/// Recognises a file by its first bytes (a pickle) or by what its text holds.
-fn sniff_file(path: &Path) -> Result<Kind, Error> {
+/// Recognises a file by its first bytes (a pickle, an SQLite database) or by what its text holds.
+pub fn sniff_file(path: &Path) -> Result<Kind, Error> {
     let shown = path.display().to_string();
     let io_err = |source| Error::Io { path: shown.clone(), source };
     let mut head = [0u8; 2];

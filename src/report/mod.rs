@@ -1,7 +1,7 @@
 //! Renderers. They read an [`Analysis`] (and the timeline, for stacks) and know nothing of input formats.
 
 mod markdown;
-mod sections;
+pub mod sections;
 mod text;
 
 use crate::analysis::Analysis;

@@ -389,13 +389,13 @@ pub fn profile_lines(p: &ProfileSummary) -> Vec<String> {
         ));
         let row = |r: &NcuRow| {
             format!(
-                "{} (id {}, {}, memory {}, SM {}, DRAM {}{})",
+                "{} (id {}, {}, memory {}, SM {}{}{})",
                 short_kernel_name(&r.name),
                 r.id,
                 ns_f(r.duration_ns),
                 pct_f(r.memory_throughput_pct),
                 pct_f(r.sm_throughput_pct),
-                r.dram_bytes.map_or("?".into(), |b| bytes(b as u64)),
+                r.dram_bytes.map_or(String::new(), |b| format!(", DRAM {}", bytes(b as u64))),
                 r.class.as_ref().map_or(String::new(), |c| format!(", {c}"))
             )
         };

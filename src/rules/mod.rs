@@ -243,8 +243,8 @@ fn check_template(t: &str) -> Result<(), String> {
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
             return Err(format!("bad placeholder {{{inner}}}"));
         }
-        if !["", "bytes", "pct", "count", "num", "s"].contains(&fmt) {
-            return Err(format!("unknown format '{fmt}' in {{{inner}}} (use bytes, pct, count, num or s)"));
+        if !["", "bytes", "pct", "pct1", "count", "num", "s"].contains(&fmt) {
+            return Err(format!("unknown format '{fmt}' in {{{inner}}} (use bytes, pct, pct1, count, num or s)"));
         }
         rest = &rest[open + close + 1..];
     }

@@ -46,6 +46,8 @@ pub enum Panel {
     Live,
     Segments,
     Findings,
+    /// What Nsight Systems / Nsight Compute exports given beside the snapshot said (only when there were some).
+    Profile,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +81,10 @@ pub struct App<'t> {
     pub tl: &'t Timeline,
     pub title: String,
     pub findings: Vec<Finding>,
+    /// The report's profiler section, one line each (empty without profiler exports).
+    pub profile_lines: Vec<String>,
+    /// Nsight Compute launches, the longest first, with the class the `kernel-bound` rule gave.
+    pub ncu_rows: Vec<crate::analysis::profile::NcuRow>,
     pub devices: Vec<DeviceCtx<'t>>,
     pub dev: usize,
     /// Right after this event (`None`: before the first event, or a file without a trace).
@@ -116,6 +122,8 @@ impl<'t> App<'t> {
             tl,
             title,
             findings: analysis.findings.clone(),
+            profile_lines: analysis.profile.as_ref().map(crate::report::sections::profile_lines).unwrap_or_default(),
+            ncu_rows: analysis.profile.as_ref().and_then(|p| p.ncu.as_ref()).map_or(Vec::new(), |n| n.by_time.clone()),
             devices,
             dev: 0,
             cursor: None,
@@ -246,7 +254,17 @@ impl<'t> App<'t> {
             Panel::Live => self.rows.len(),
             Panel::Segments => self.state.segments.len(),
             Panel::Findings => self.findings.len(),
+            Panel::Profile => self.ncu_rows.len(),
         }
+    }
+
+    /// The panels Tab cycles through: the profile panel only when profiler exports were read.
+    pub fn panels(&self) -> Vec<Panel> {
+        let mut v = vec![Panel::Live, Panel::Segments, Panel::Findings];
+        if !self.profile_lines.is_empty() {
+            v.push(Panel::Profile);
+        }
+        v
     }
 
     /// Applies one action.
@@ -280,7 +298,7 @@ impl<'t> App<'t> {
                 }
             }
             Action::NextPanel | Action::PrevPanel => {
-                let order = [Panel::Live, Panel::Segments, Panel::Findings];
+                let order = self.panels();
                 let i = order.iter().position(|p| *p == self.panel).unwrap_or(0);
                 let k = if action == Action::NextPanel { 1 } else { order.len() - 1 };
                 self.panel = order[(i + k) % order.len()];
@@ -295,7 +313,7 @@ impl<'t> App<'t> {
             }
             Action::Open => match self.panel {
                 Panel::Live => self.detail = !self.rows.is_empty(),
-                Panel::Segments => {}
+                Panel::Segments | Panel::Profile => {}
                 Panel::Findings => {
                     if let Some(f) = self.findings.get(self.selected) {
                         let to_oom = f.evidence.get("oom.present").is_some()

@@ -46,7 +46,12 @@ pub fn bindings() -> Vec<Binding> {
         bind!("p", "jump to the peak", |k| k.code == KeyCode::Char('p'), Action::Jump(Jump::Peak)),
         bind!("Home End", "jump to the start / the end", |k| k.code == KeyCode::Home, Action::Jump(Jump::Start)),
         bind!("", "", |k| k.code == KeyCode::End, Action::Jump(Jump::End)),
-        bind!("Tab", "next panel: live allocations, segments, findings", |k| k.code == KeyCode::Tab, Action::NextPanel),
+        bind!(
+            "Tab",
+            "next panel: live allocations, segments, findings, profile",
+            |k| k.code == KeyCode::Tab,
+            Action::NextPanel
+        ),
         bind!("", "", |k| k.code == KeyCode::BackTab, Action::PrevPanel),
         bind!("↑ ↓", "select a row", |k| k.code == KeyCode::Up || k.code == KeyCode::Char('k'), Action::Select(-1)),
         bind!("", "", |k| k.code == KeyCode::Down || k.code == KeyCode::Char('j'), Action::Select(1)),

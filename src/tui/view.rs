@@ -43,6 +43,10 @@ pub fn draw(f: &mut Frame, app: &App) {
             draw_findings(f, app, left);
             draw_finding_detail(f, app, right);
         }
+        Panel::Profile => {
+            draw_profile(f, app, left);
+            draw_ncu(f, app, right);
+        }
     }
     draw_status(f, app, status);
     if app.help {
@@ -161,7 +165,13 @@ fn panel_title<'a>(app: &App, this: Panel, title: &'a str) -> Line<'a> {
 
 fn tabs(app: &App) -> Line<'static> {
     let mut spans = Vec::new();
-    for (p, name) in [(Panel::Live, "live"), (Panel::Segments, "segments"), (Panel::Findings, "findings")] {
+    for p in app.panels() {
+        let name = match p {
+            Panel::Live => "live",
+            Panel::Segments => "segments",
+            Panel::Findings => "findings",
+            Panel::Profile => "profile",
+        };
         let s = format!(" {name} ");
         spans.push(if app.panel == p { Span::from(s).reversed() } else { Span::from(s).dim() });
     }
@@ -426,6 +436,55 @@ fn draw_finding_detail(f: &mut Frame, app: &App, area: Rect) {
     lines.push(Line::from(""));
     lines.push(Line::from(vec![Span::from("fix: ").bold(), Span::from(x.fix.clone())]));
     f.render_widget(Paragraph::new(lines).block(block).wrap(Wrap { trim: false }), area);
+}
+
+fn draw_profile(f: &mut Frame, app: &App, area: Rect) {
+    let block = Block::default()
+        .borders(Borders::ALL)
+        .title(panel_title(app, Panel::Profile, "profiler exports (Nsight Systems / Nsight Compute)"))
+        .title_bottom(tabs(app));
+    let lines: Vec<Line> = app.profile_lines.iter().map(|l| Line::from(l.clone())).collect();
+    f.render_widget(Paragraph::new(lines).block(block).wrap(Wrap { trim: false }), area);
+}
+
+fn class_color(c: Option<&str>) -> Color {
+    match c {
+        Some("memory-bound") => Color::Yellow,
+        Some("compute-bound") => Color::Green,
+        Some("compute-and-memory-bound") => Color::Cyan,
+        Some("latency-bound") => Color::Magenta,
+        _ => Color::Gray,
+    }
+}
+
+/// The `kernel-bound` class in a column of nine.
+fn short_class(c: Option<&str>) -> &str {
+    match c {
+        Some("compute-and-memory-bound") => "both",
+        Some(c) => c.strip_suffix("-bound").unwrap_or(c),
+        None => "-",
+    }
+}
+
+fn draw_ncu(f: &mut Frame, app: &App, area: Rect) {
+    let block = Block::default().borders(Borders::ALL).title(" Nsight Compute launches, longest first ");
+    if app.ncu_rows.is_empty() {
+        f.render_widget(Paragraph::new("No Nsight Compute export.").block(block), area);
+        return;
+    }
+    let pct = |v: Option<f64>| v.map_or("   ?".into(), |v| format!("{v:>3.0}%"));
+    let mut lines = vec![Line::from("duration    mem    SM  bound    kernel").dim()];
+    for (i, r) in app.ncu_rows.iter().enumerate() {
+        let dur = r.duration_ns.map_or("?".into(), |ns| crate::units::duration_us((ns / 1000.0).round() as i64));
+        let class = r.class.as_deref();
+        let line = Line::from(vec![
+            Span::from(format!("{dur:>9} {} {}  ", pct(r.memory_throughput_pct), pct(r.sm_throughput_pct))),
+            Span::from(format!("{:<9}", short_class(class))).fg(class_color(class)),
+            Span::from(crate::timeline::profile::short_kernel_name(&r.name)),
+        ]);
+        lines.push(if i == app.selected { line.reversed() } else { line });
+    }
+    f.render_widget(Paragraph::new(lines).block(block), area);
 }
 
 fn draw_status(f: &mut Frame, app: &App, area: Rect) {
