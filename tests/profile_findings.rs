@@ -168,7 +168,7 @@ fn real_nsys_and_ncu_exports_raise_nothing_above_info() {
     inputs.extend(common::fixtures("fixtures/real/ncu", "").into_iter().filter(|p| {
         (p.ends_with(".csv") || p.ends_with("h100.txt") || p.ends_with("torch.txt")) && !p.contains("text_")
     }));
-    assert!(inputs.len() >= 14, "{inputs:?}");
+    assert!(inputs.len() >= 15, "{inputs:?}");
     for i in &inputs {
         let v = json(&[i]);
         let fired = rules_fired(&v);

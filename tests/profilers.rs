@@ -765,10 +765,10 @@ fn unknown_files_are_errors_naming_what_was_looked_for() {
     let e = ncu::parse(&nsys_csv, None).unwrap_err();
     assert!(e.starts_with("not an Nsight Compute CSV: looked for a header row starting `\"ID\",\"Process ID\""), "{e}");
     assert!(e.contains("; found text starting \"Start (ns),Duration (ns),CorrId,GrdX,"), "{e}");
-    let human = read("real/ncu/ncu2020.2_text_nvtx_metrics_torch.txt");
-    assert!(!ncu::sniff(&human) && !nsys::sniff(&human));
-    let e = ncu::parse(&human, None).unwrap_err();
-    assert!(e.ends_with("found ncu's human-readable output (`Section:` blocks): run ncu with --csv"), "{e}");
+    // A `Section:` table with no launch line above it cannot be read.
+    let orphan = "    Section: GPU Speed Of Light Throughput\n    ---- ---- ----\n    Duration  us  1.0\n";
+    let e = ncu::parse(orphan, None).unwrap_err();
+    assert!(e.contains("human-readable output (`Section:` blocks) but no kernel header line"), "{e}");
     let e = ncu::parse(&read("real/ncu/ncu2025.3_h100_versions.txt"), None).unwrap_err();
     assert!(e.contains("found text starting \"/usr/local/cuda/bin/ncu\""), "{e}");
     assert!(ncu::parse("", None).unwrap_err().ends_with("found an empty text"));
@@ -806,4 +806,55 @@ fn truncated_real_files_never_panic() {
             let _ = ncu::parse(prefix, None);
         }
     }
+}
+
+#[test]
+fn ncu_2020_human_readable_page() {
+    let text = read("real/ncu/ncu2020.2_text_nvtx_metrics_torch.txt");
+    assert!(ncu::sniff(&text) && !nsys::sniff(&text));
+    let d = ncu::parse(&text, Some("ncu2020.2_text_nvtx_metrics_torch.txt")).unwrap();
+    no_malformed(&d);
+    assert_eq!(d.sources[0].format, "ncu human-readable page (no --csv)");
+    assert_eq!(d.sources[0].read, ["14 kernel launches, 140 metric rows"]);
+    assert_eq!(d.ncu_kernels.len(), 14);
+    let k = kernel(&d, 0);
+    assert!(k.name.starts_with("void at::native::index_elementwise_kernel<128, 4,"), "{}", k.name);
+    assert_eq!((k.process_id, k.process.as_str(), k.host.as_str()), (Some(2_072_460), "python3.8", "127.0.0.1"));
+    assert_eq!(k.kernel_time.as_deref(), Some("2024-Jul-13 20:38:33"));
+    assert_eq!((k.context, k.stream), (Some(1), Some(7)));
+    assert_eq!(k.nvtx, ["convLayer"]);
+    assert_eq!(k.memory_throughput_pct(), Some(6.45));
+    assert_eq!(k.sm_throughput_pct(), Some(11.86));
+    assert_eq!(k.duration_ns(), Some(5980.0));
+    assert_eq!(k.metric_f64("launch__grid_size"), Some(117.0));
+    assert_eq!(k.metric("launch__registers_per_thread").unwrap().unit, "register/thread");
+    assert_eq!(k.metric("launch__block_size").unwrap().unit, "");
+    let gemm = kernel(&d, 3);
+    assert_eq!(gemm.name, "ampere_sgemm_32x32_sliced1x4_tn");
+    assert_eq!(gemm.kernel_time.as_deref(), Some("2024-Jul-13 20:38:34"));
+}
+
+#[test]
+fn ncu_2023_human_readable_page() {
+    // Hand-made after the documented 2021+ layout (fixtures/profilers/README.md).
+    let d = ncu_file("profilers/ncu_human_2023.txt");
+    no_malformed(&d);
+    assert_eq!(d.ncu_kernels.len(), 2);
+    let k = kernel(&d, 0);
+    assert!(k.name.ends_with("std::array<char *, 3>)"), "{}", k.name);
+    assert_eq!((k.grid, k.block), (Some(Dim3 { x: 65536, y: 1, z: 1 }), Some(Dim3 { x: 128, y: 1, z: 1 })));
+    assert_eq!((k.device, k.cc.as_deref(), k.stream), (Some(0), Some("9.0"), Some(7)));
+    // Display names: `Memory Throughput` and `Compute (SM) Throughput` stand for the metrics the rules use.
+    assert_eq!((k.memory_throughput_pct(), k.sm_throughput_pct()), (Some(92.41), Some(11.02)));
+    assert_eq!(k.duration_ns(), Some(179_550.0));
+    assert_eq!(k.metric_f64("Elapsed Cycles"), Some(315_022.0));
+    assert_eq!(k.metric_f64("SM Active Cycles"), Some(309_114.53));
+    // A unit wider than its column, and the advice line after the table, read right.
+    assert_eq!(k.metric("Registers Per Thread").unwrap().unit, "register/thread");
+    assert_eq!(k.metric_f64("Registers Per Thread"), Some(16.0));
+    assert_eq!(k.metric_f64("Threads"), Some(8_388_608.0));
+    assert_eq!(k.metrics.len(), 14);
+    let g = kernel(&d, 1);
+    assert_eq!(g.name, "nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_NTN");
+    assert_eq!((g.sm_throughput_pct(), g.duration_ns()), (Some(88.64), Some(1_200_000.0)));
 }

@@ -32,7 +32,8 @@ pub enum Kind {
     /// Nsight Systems: `nsys stats` CSV reports (a file, or a directory of `<base>_<report>.csv`), a console
     /// capture of `nsys stats`, or the SQLite export (`nsys export --type sqlite`).
     Nsys,
-    /// Nsight Compute CSV: the details page (`ncu --csv`) or the raw page (`--page raw`).
+    /// Nsight Compute: the CSV details page (`ncu --csv`), the raw page (`--page raw`), or the human-readable
+    /// page ncu prints without `--csv`.
     Ncu,
 }
 

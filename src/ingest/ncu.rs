@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use super::nsys::{excerpt, is_none_cell, parse_dim3, split_csv, NumberStyle};
 use super::text;
-use crate::timeline::profile::{MetricValue, NcuKernel, NcuRule, ProfileData, ProfileSource};
+use crate::timeline::profile::{Dim3, MetricValue, NcuKernel, NcuRule, ProfileData, ProfileSource};
 use crate::timeline::Malformed;
 
 /// The columns that say which launch a row is about (everything else on the raw page is a metric).
@@ -47,7 +47,18 @@ fn header_cells(line: &str) -> Option<Vec<String>> {
 
 /// Whether the text holds an `ncu --csv` table (details or raw page).
 pub fn sniff(text: &str) -> bool {
-    text::lines(text).any(|(_, l)| header_cells(&l).is_some())
+    let mut launch = false;
+    for (_, l) in text::lines(text) {
+        if header_cells(&l).is_some() {
+            return true;
+        }
+        // The human-readable page: a launch line, then a `Section:` table.
+        launch |= launch_line(&l).is_some();
+        if launch && l.trim_start().starts_with("Section: ") {
+            return true;
+        }
+    }
+    false
 }
 
 /// Reads one `ncu --csv` output (a file or a captured stdout). `name_hint` names the source in bookkeeping.
@@ -58,7 +69,9 @@ pub fn parse(text: &str, name_hint: Option<&str>) -> Result<ProfileData, String>
         lines.iter().enumerate().filter(|(_, (_, l))| header_cells(l).is_some()).map(|(i, _)| i).collect();
     let mut data = ProfileData::default();
     let before = &lines[..headers.first().copied().unwrap_or(lines.len())];
-    note_preamble(before, &mut src);
+    if !headers.is_empty() {
+        note_preamble(before, &mut src, "the CSV");
+    }
     if headers.is_empty() {
         let profiler = before.iter().any(|(_, l)| l.starts_with("==PROF==") || l.starts_with("==WARNING=="));
         if before.iter().any(|(_, l)| l.contains("No kernels were profiled")) {
@@ -69,12 +82,25 @@ pub fn parse(text: &str, name_hint: Option<&str>) -> Result<ProfileData, String>
         }
         let first = lines.iter().map(|(_, l)| l.trim()).find(|l| !l.is_empty()).unwrap_or("");
         let human = lines.iter().any(|(_, l)| l.trim_start().starts_with("Section: "));
+        if human {
+            read_human(&lines, &mut data, &mut src);
+            if !data.ncu_kernels.is_empty() {
+                let first_launch = data.ncu_kernels[0].line;
+                src.skipped.clear();
+                let before: Vec<(usize, String)> = lines.iter().filter(|(n, _)| *n < first_launch).cloned().collect();
+                note_preamble(&before, &mut src, "the first kernel");
+                data.sources.push(src);
+                return Ok(data);
+            }
+        }
         return Err(format!(
             "not an Nsight Compute CSV: looked for a header row starting `\"ID\",\"Process ID\",…` with a \
              `\"Kernel Name\"` column (details page: `…,\"Metric Name\",\"Metric Unit\",\"Metric Value\"`; raw page: \
              one column per metric and a row of units), after any `==PROF==` lines and program output; found {}",
             if human {
-                "ncu's human-readable output (`Section:` blocks): run ncu with --csv".to_string()
+                "ncu's human-readable output (`Section:` blocks) but no kernel header line before them (run ncu \
+                 with --csv)"
+                    .to_string()
             } else if profiler {
                 "ncu's `==PROF==` lines but no CSV table (was --csv given?)".to_string()
             } else if first.is_empty() {
@@ -103,8 +129,185 @@ pub fn parse(text: &str, name_hint: Option<&str>) -> Result<ProfileData, String>
     Ok(data)
 }
 
+/// The launch line of ncu's human-readable page: `  name, 2024-Jul-13 20:38:33, Context 1, Stream 7` (2020) or
+/// `  name (117, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 8.6` (2021+): the name, the time, the grid
+/// and block, context, stream, device, CC.
+type LaunchLine = (String, Option<String>, Option<(Dim3, Dim3)>, Option<u64>, Option<u64>, Option<i64>, Option<String>);
+
+fn launch_line(line: &str) -> Option<LaunchLine> {
+    if !line.starts_with("  ") || line.starts_with("   ") {
+        return None;
+    }
+    let l = line.trim();
+    let at = l.rfind(", Context ")?;
+    let (head, tail) = (&l[..at], &l[at + 2..]);
+    let mut context = None;
+    let mut stream = None;
+    let mut device = None;
+    let mut cc = None;
+    for part in tail.split(", ") {
+        let (k, v) = part.split_once(' ')?;
+        match k {
+            "Context" => context = v.parse().ok(),
+            "Stream" => stream = v.parse().ok(),
+            "Device" => device = v.parse().ok(),
+            "CC" => cc = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    context?;
+    // `(117, 1, 1)x(128, 1, 1)` after the name (2021+), or `, <time>` (2020).
+    if let Some(x) = head.rfind(")x(") {
+        let open = head[..x].rfind(" (")?;
+        let grid = parse_dim3(&head[open + 1..=x])?;
+        let block = parse_dim3(&head[x + 2..])?;
+        return Some((head[..open].to_string(), None, Some((grid, block)), context, stream, device, cc));
+    }
+    let (name, time) = match head.rsplit_once(", ") {
+        Some((n, t)) if t.chars().next().is_some_and(|c| c.is_ascii_digit()) => (n, Some(t.to_string())),
+        _ => (head, None),
+    };
+    Some((name.to_string(), time, None, context, stream, device, cc))
+}
+
+/// ncu's default, human-readable page: after the program output, `[pid] process@host`, then per launch its line,
+/// `NVTX … Ranges:` blocks, and `Section: …` tables of `name  unit  value` between dashed rules (newer versions add
+/// a `Metric Name  Metric Unit  Metric Value` header). Launches are numbered from 0 in order, as `ID` in the CSV.
+fn read_human(lines: &[(usize, String)], data: &mut ProfileData, src: &mut ProfileSource) {
+    let values = lines.iter().filter_map(|(_, l)| {
+        let t = l.trim_end();
+        t.rsplit_once("  ").map(|(_, v)| v.trim()).filter(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()))
+    });
+    let style = NumberStyle::detect(values, []);
+    let mut process: (Option<u64>, String, String) = (None, String::new(), String::new());
+    let mut section: Option<String> = None;
+    let mut spans: Option<Vec<(usize, usize)>> = None;
+    let mut in_nvtx = false;
+    let mut table_rows = 0;
+    let mut metric_rows = 0;
+    let first = data.ncu_kernels.len();
+    for (no, line) in lines {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with("==") {
+            continue;
+        }
+        if let Some(rest) = t.strip_prefix('[') {
+            if let Some((pid, who)) = rest.split_once("] ") {
+                if let Ok(pid) = pid.parse::<u64>() {
+                    let (name, host) = who.rsplit_once('@').unwrap_or((who, ""));
+                    process = (Some(pid), name.to_string(), host.to_string());
+                    continue;
+                }
+            }
+        }
+        if let Some((name, time, dims, context, stream, device, cc)) = launch_line(line) {
+            data.ncu_kernels.push(NcuKernel {
+                id: (data.ncu_kernels.len() - first) as u64,
+                process_id: process.0,
+                process: process.1.clone(),
+                host: process.2.clone(),
+                name,
+                kernel_time: time,
+                device,
+                cc,
+                context,
+                stream,
+                grid: dims.map(|d| d.0),
+                block: dims.map(|d| d.1),
+                nvtx: Vec::new(),
+                metrics: BTreeMap::new(),
+                rules: Vec::new(),
+                line: *no,
+            });
+            section = None;
+            spans = None;
+            in_nvtx = false;
+            continue;
+        }
+        let Some(kernel) = data.ncu_kernels[first..].last_mut() else { continue };
+        if t.starts_with("NVTX ") && t.ends_with("Ranges:") {
+            in_nvtx = true;
+            continue;
+        }
+        if let Some(name) = t.strip_prefix("Section: ") {
+            section = Some(name.to_string());
+            spans = None;
+            in_nvtx = false;
+            continue;
+        }
+        if in_nvtx {
+            // `<0,convLayer>` (start/end: id, name) or `<convLayer>`; `<default domain>` names the domain.
+            if let Some(inner) = t.strip_prefix('<').and_then(|x| x.strip_suffix('>')) {
+                if inner != "default domain" {
+                    let name = inner.split_once(',').map_or(inner, |(_, n)| n);
+                    kernel.nvtx.push(name.to_string());
+                }
+            }
+            continue;
+        }
+        if t.chars().all(|c| c == '-' || c == ' ') {
+            // A rule opens a table; a second one right after the optional `Metric Name …` header is part of the
+            // header; one after rows closes the table (rule advice printed below it is not a metric).
+            match &spans {
+                None => {
+                    let indent = line.len() - line.trim_start().len();
+                    let mut v = Vec::new();
+                    let mut start = None;
+                    for (i, c) in line.char_indices() {
+                        match (c, start) {
+                            ('-', None) => start = Some(i),
+                            (' ', Some(s)) => {
+                                v.push((s, i));
+                                start = None;
+                            }
+                            _ => {}
+                        }
+                    }
+                    if let Some(s) = start {
+                        v.push((s, line.len()));
+                    }
+                    spans = (v.len() == 3 && v[0].0 == indent).then_some(v);
+                    table_rows = 0;
+                }
+                Some(_) if table_rows == 0 => {}
+                Some(_) => spans = None,
+            }
+            continue;
+        }
+        if spans.is_none() {
+            continue;
+        }
+        if table_rows == 0 && t.starts_with("Metric Name") {
+            continue;
+        }
+        // Columns are set apart by two or more spaces; a wide unit (`register/thread`) may start inside the name's
+        // column, so the rule's spans cannot cut them. The value is the last word.
+        let body = t;
+        let (left, value) = match body.rsplit_once(char::is_whitespace) {
+            Some((l, v)) => (l.trim_end(), v.trim()),
+            None => ("", body),
+        };
+        let (name, unit) = match left.rfind("  ") {
+            Some(i) => (left[..i].trim(), left[i..].trim()),
+            None => (left.trim(), ""),
+        };
+        if name.is_empty() || value.is_empty() {
+            src.malformed.push(bad(*no, "a metric row: name, unit, value", line));
+            continue;
+        }
+        table_rows += 1;
+        insert_metric(&mut kernel.metrics, name, metric_value(value, unit, section.clone(), style));
+        metric_rows += 1;
+    }
+    let launches = data.ncu_kernels.len() - first;
+    if launches > 0 {
+        src.format = "ncu human-readable page (no --csv)".into();
+        src.read.push(format!("{launches} kernel launches, {metric_rows} metric rows"));
+    }
+}
+
 /// Counts what came before the CSV: profiler lines and the program's own output; keeps `==ERROR==` lines.
-fn note_preamble(before: &[(usize, String)], src: &mut ProfileSource) {
+fn note_preamble(before: &[(usize, String)], src: &mut ProfileSource, what: &str) {
     let mut prof = 0;
     let mut app = 0;
     for (no, l) in before {
@@ -123,7 +326,7 @@ fn note_preamble(before: &[(usize, String)], src: &mut ProfileSource) {
     }
     if prof + app > 0 {
         src.skipped.push(format!(
-            "before the CSV: {prof} profiler line{} (`==PROF==` …), {app} line{} of program output",
+            "before {what}: {prof} profiler line{} (`==PROF==` …), {app} line{} of program output",
             if prof == 1 { "" } else { "s" },
             if app == 1 { "" } else { "s" }
         ));
