@@ -313,3 +313,38 @@ fn nvidia_smi_alone_is_a_report_of_its_own() {
     assert!(d["observed"]["at_moment"].is_null());
     assert_eq!(common::rules_fired(&v), Vec::<String>::new());
 }
+
+/// The OOM message alone: a request that is most of what the process may use is a large intermediate (error);
+/// an ordinary request on a full GPU is not.
+#[test]
+fn a_request_most_of_the_gpu_is_named_from_the_message_alone() {
+    let msg = |req: &str, total: &str, free: &str, allowed: &str, alloc: &str| {
+        format!(
+            "Traceback (most recent call last):\n  File \"train.py\", line 40, in <module>\n\
+             torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {req}. GPU 0 has a total capacity of \
+             {total} of which {free} is free. Including non-PyTorch memory, this process has 3.10 GiB memory in use.\
+             {allowed} Of the allocated memory {alloc} is allocated by PyTorch, and 20.00 MiB is reserved by PyTorch \
+             but unallocated.\n"
+        )
+    };
+    let run = |text: String| -> serde_json::Value {
+        let f = common::TempFile::with("oom.log", text.as_bytes());
+        let o = common::oomdoc(&["analyze", "--format", "json", f.path()]);
+        assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    // 6 GiB asked of a 7.79 GiB GPU: 77%.
+    // Free is the total less the 3.10 GiB this process holds: nothing outside PyTorch to speak of.
+    let v = run(msg("6.00 GiB", "7.79 GiB", "4.69 GiB", "", "3.00 GiB"));
+    assert_eq!(common::rules_fired(&v), ["large-intermediate:error"]);
+    assert!(v["findings"][0]["message"].as_str().unwrap().contains("77% of the 7.79 GiB"), "{}", v["findings"][0]);
+    // A cap: 3 GiB asked, 4 GiB allowed on an 80 GiB GPU: 75% of what the process may use.
+    let v = run(msg("3.00 GiB", "79.18 GiB", "76.08 GiB", " 4.00 GiB allowed;", "3.00 GiB"));
+    assert_eq!(common::rules_fired(&v), ["large-intermediate:error"]);
+    assert!(v["findings"][0]["message"].as_str().unwrap().contains("75% of the 4.00 GiB"), "{}", v["findings"][0]);
+    // Near misses: 2 GiB on a full 80 GiB GPU (3%), and 3.5 GiB of 7.79 GiB (45%).
+    for (req, total, free) in [("2.00 GiB", "79.18 GiB", "76.08 GiB"), ("3.50 GiB", "7.79 GiB", "4.69 GiB")] {
+        let v = run(msg(req, total, free, "", "3.00 GiB"));
+        assert!(!common::rules_fired(&v).iter().any(|r| r.starts_with("large-intermediate")), "{req} of {total}");
+    }
+}

@@ -36,6 +36,8 @@ struct RawPattern {
     priority: i64,
     file: Option<String>,
     function: Option<String>,
+    #[serde(default)]
+    not_function: Option<String>,
 }
 
 struct Pattern {
@@ -43,6 +45,8 @@ struct Pattern {
     priority: i64,
     file: Option<Regex>,
     function: Option<Regex>,
+    /// The frame's function must not match this (a wrapper's `forward` in a communication file).
+    not_function: Option<Regex>,
 }
 
 /// Compiled category patterns.
@@ -68,7 +72,13 @@ impl Categorizer {
                 }
                 patterns.push((
                     idx,
-                    Pattern { name, priority: p.priority, file: re(&p.file)?, function: re(&p.function)? },
+                    Pattern {
+                        name,
+                        priority: p.priority,
+                        file: re(&p.file)?,
+                        function: re(&p.function)?,
+                        not_function: re(&p.not_function)?,
+                    },
                 ));
             }
         }
@@ -85,7 +95,9 @@ impl Categorizer {
     fn frame_mask(&self, file: &str, func: &str) -> u128 {
         let mut mask = 0u128;
         for (i, p) in self.patterns.iter().take(128).enumerate() {
-            if p.file.as_ref().is_none_or(|r| r.is_match(file)) && p.function.as_ref().is_none_or(|r| r.is_match(func))
+            if p.file.as_ref().is_none_or(|r| r.is_match(file))
+                && p.function.as_ref().is_none_or(|r| r.is_match(func))
+                && !p.not_function.as_ref().is_some_and(|r| r.is_match(func))
             {
                 mask |= 1 << i;
             }

@@ -189,6 +189,12 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
             "largest free block in the request's pool and stream",
         );
         f.text("oom.where", o.culprit.clone(), "who made the failing request");
+        let attention = o.stack.iter().any(|fr| {
+            // `file:line:function`
+            let (file, func) = fr.rsplit_once(':').unwrap_or((fr.as_str(), ""));
+            is_attention_frame(file, func)
+        });
+        f.flag("oom.attention", attention, "the failing request came from attention code");
     }
     if let Some(p) = &r.peak {
         f.num("peak.allocated_bytes", p.allocated_bytes as f64, Unit::Bytes, "highest allocated bytes in the trace");
@@ -547,10 +553,12 @@ fn ddp_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
         let mut in_comm = false;
         let mut in_fwd = false;
         for (i, e) in cx.dev.events.iter().enumerate().take(end + 1).skip(start) {
-            if e.action != Action::Alloc || cx.kinds[i] == NONE {
+            if e.action != Action::Alloc {
                 continue;
             }
-            match CATEGORIES[cx.kinds[i] as usize] {
+            // The autograd engine allocates from its own thread: without C++ frames its stacks are empty.
+            let kind = if cx.kinds[i] == NONE { "gradient" } else { CATEGORIES[cx.kinds[i] as usize] };
+            match kind {
                 "communication" => {
                     comm_allocs += 1;
                     if !in_comm {
@@ -566,6 +574,8 @@ fn ddp_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
                     in_fwd = true;
                     in_comm = false;
                 }
+                // A backward pass separates one micro-batch's forward from the next.
+                "gradient" => in_fwd = false,
                 _ => {}
             }
         }

@@ -228,6 +228,26 @@ pub fn outside_pytorch_facts(f: &mut Facts, r: &DeviceReport, gpu_memory: Option
         (None, None, Some(t)) => (Some(t), "the GPU's capacity (the OOM message)"),
         _ => (None, ""),
     };
+    // What one request may take: set_per_process_memory_fraction's cap when the message names it, else the GPU.
+    let allowed = msg.and_then(|m| m.allowed_bytes);
+    if let Some(a) = allowed {
+        f.num(
+            "oom.allowed_bytes",
+            a as f64,
+            Unit::Bytes,
+            "the process's memory cap (\"X allowed\" in the OOM message)",
+        );
+    }
+    let requested = r.oom.as_ref().and_then(|o| o.requested_bytes);
+    if let (Some(req), Some(limit)) = (requested, allowed.or(total)) {
+        f.num("oom.limit_bytes", limit as f64, Unit::Bytes, "what the process may use: its cap, else the GPU");
+        f.num(
+            "oom.request_share",
+            req as f64 / limit.max(1) as f64,
+            Unit::Ratio,
+            "the failing request as a share of what the process may use",
+        );
+    }
     let Some(total) = total else { return };
     f.num("gpu.total_bytes", total as f64, Unit::Bytes, total_doc);
     let snapshot_free = r.oom.as_ref().filter(|o| o.source == "snapshot").and_then(|o| o.device_free_bytes);
