@@ -257,3 +257,25 @@ fn readme_each_rule_example_works() {
     assert_eq!(f["message"], "1 of 7 launches are NCCL kernels that barely compute: oneRankReduce (56 µs).");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn bad_profiler_inputs_are_one_clear_line() {
+    let dir = std::env::temp_dir().join(format!("oomdoc-empty-nsys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = oomdoc(&["analyze", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("no report files: expected the `*.csv` files"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+    // A truncated SQLite export: exit 2 naming the file, never a panic.
+    let bytes = common::read("fixtures/profilers/nsys_memusage_ddp.sqlite");
+    let cut = common::TempFile::with("cut.sqlite", &bytes[..bytes.len() / 3]);
+    let o = oomdoc(&["analyze", cut.path()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cut.sqlite"), "{}", stderr(&o));
+    // A malformed ncu row is skipped and counted; --strict makes it the error.
+    let o = oomdoc(&["analyze", "--strict", "fixtures/profilers/ncu_locale_details_win.csv"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("line 18"), "{}", stderr(&o));
+}

@@ -104,7 +104,7 @@ pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> Result<Vec<
             Kind::Snapshot => snapshots.push(load(path, opts.show_progress)?),
             Kind::Log => read_text(path, opts, &mut text, opts.kind == Some(Kind::Log))?,
             Kind::NvidiaSmi => read_nvidia_smi(path, opts, &mut text)?,
-            Kind::Nsys => read_nsys(path, &mut text)?,
+            Kind::Nsys => read_nsys(path, opts.strict, &mut text)?,
             Kind::Ncu => read_ncu(path, opts, &mut text)?,
         }
     }
@@ -276,7 +276,7 @@ fn profile_malformed(sources: &[ProfileSource]) -> Vec<Malformed> {
 }
 
 /// An `nsys stats` report file (read with its siblings at the end) or an SQLite export (read now).
-fn read_nsys(path: &Path, out: &mut TextArtifacts) -> Result<(), Error> {
+fn read_nsys(path: &Path, strict: bool, out: &mut TextArtifacts) -> Result<(), Error> {
     let shown = path.display().to_string();
     let mut head = [0u8; 16];
     let n = File::open(path)
@@ -286,8 +286,7 @@ fn read_nsys(path: &Path, out: &mut TextArtifacts) -> Result<(), Error> {
         let data = nsys_sqlite::read(path).map_err(|message| Error::Input { path: shown.clone(), message })?;
         let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
         let mut info = profile_input(path, "nsys_sqlite", bytes, &data.sources);
-        info.malformed_lines = data.malformed_count();
-        info.malformed = profile_malformed(&data.sources).into_iter().take(MALFORMED_SHOWN).collect();
+        note_malformed(&mut info, profile_malformed(&data.sources), strict)?;
         out.profile.merge(data);
         out.inputs.push(info);
         return Ok(());

@@ -520,7 +520,13 @@ pub fn parse_files<'a>(files: impl IntoIterator<Item = (&'a str, &'a str)>) -> R
         }
     }
     if !any {
-        return Err(if errors.is_empty() { "no files given".to_string() } else { errors.join("; ") });
+        return Err(if errors.is_empty() {
+            "no report files: expected the `*.csv` files `nsys stats --format csv --output` writes (or `*.txt` \
+             console captures)"
+                .to_string()
+        } else {
+            errors.join("; ")
+        });
     }
     data.fill_from_combined();
     Ok(data)
