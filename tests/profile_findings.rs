@@ -102,6 +102,34 @@ fn nsys_all_reduce_in_every_micro_batch_is_missing_no_sync() {
 }
 
 #[test]
+fn nsys_micro_batches_without_input_copies_and_with_loss_logging() {
+    // Data already on the GPU: no input copies; the micro-batches are told apart by their kernels repeating (the
+    // later ones of a step add to the gradients, one kernel more than the first).
+    let v = json(&["fixtures/profilers/ddp_accum_ondevice_cuda_gpu_trace.csv"]);
+    assert_eq!(rules_fired(&v), ["missing-no-sync:warning"]);
+    assert_eq!(v["profile"]["steps"]["per_step"][0]["delimited_by"], "repeating_kernels");
+    assert_eq!(v["profile"]["steps"]["microbatches_per_step"], 8);
+    let v = json(&["fixtures/profilers/ddp_nosync_ondevice_cuda_gpu_trace.csv"]);
+    assert_eq!(rules_fired(&v), Vec::<String>::new());
+    assert_eq!(v["profile"]["steps"]["allreduce_microbatches_per_step"], 1);
+    // With no_sync, plus a 5 µs all-reduce of the loss in every micro-batch for logging: not gradients. Silent.
+    let v = json(&["fixtures/profilers/ddp_nosync_lossreduce_cuda_gpu_trace.csv"]);
+    assert_eq!(rules_fired(&v), Vec::<String>::new());
+    assert_eq!(v["profile"]["steps"]["allreduce_per_step"], 9);
+    assert_eq!(v["profile"]["steps"]["allreduce_microbatches_per_step"], 1);
+    // Two ranks' traces given together are not interleaved into one: the no_sync rank stays 1 per step, and the
+    // rank without no_sync is the one reported.
+    let v =
+        json(&["fixtures/profilers/ddp_nosync_cuda_gpu_trace.csv", "fixtures/profilers/ddp_nosync_cuda_gpu_trace.csv"]);
+    assert_eq!(rules_fired(&v), Vec::<String>::new());
+    assert_eq!(v["profile"]["steps"]["allreduce_per_step"], 1);
+    let v =
+        json(&["fixtures/profilers/ddp_nosync_cuda_gpu_trace.csv", "fixtures/profilers/ddp_accum_cuda_gpu_trace.csv"]);
+    assert_eq!(rules_fired(&v), ["missing-no-sync:warning"]);
+    assert_eq!(v["profile"]["steps"]["steps"], 2);
+}
+
+#[test]
 fn nsys_capture_files_read_together() {
     // The capture's sibling report files given at once: one profile, the kernel summary's counts, the API
     // summary's allocator calls, the trace's steps.
@@ -193,8 +221,9 @@ fn profile_section_in_text_and_markdown() {
     assert!(!text.contains("No GPU memory in these files"), "{text}");
     let o = oomdoc(&["analyze", "--format", "markdown", "fixtures/profilers/ddp_accum_cuda_gpu_trace.csv"]);
     let md = stdout(&o);
-    assert!(md.contains("**Profiler exports (Nsight Systems / Nsight Compute)**"), "{md}");
-    assert!(md.contains("### Findings"), "{md}");
+    assert!(md.contains("### Profiler exports (Nsight Systems / Nsight Compute)"), "{md}");
+    assert!(md.find("### Findings") < md.find("### Profiler exports"), "{md}");
+    assert!(!md.contains("| GPU | moment"), "no GPU table without a GPU: {md}");
 }
 
 #[test]
@@ -254,7 +283,7 @@ fn readme_each_rule_example_works() {
     let v = json(&["--rules", dir.to_str().unwrap(), "fixtures/real/ncu/ncu2025.3_csv_details_nccl_h100.txt"]);
     let f = v["findings"].as_array().unwrap().iter().find(|f| f["rule"] == "slow-nccl").expect("the example fires");
     // The single-GPU NCCL reduction of that capture computes at 4% of SM peak.
-    assert_eq!(f["message"], "1 of 7 launches are NCCL kernels that barely compute: oneRankReduce (56 µs).");
+    assert_eq!(f["message"], "1 of 7 launches are NCCL kernels that barely compute: oneRankReduce (57 µs).");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -38,19 +38,28 @@ impl Fact {
             (Val::Num(n), "pct") => format!("{:.0}%", n * 100.0),
             (Val::Num(n), "pct1") => format!("{:.1}%", n * 100.0),
             (Val::Num(n), "count") => format!("{}", n.round() as i64),
-            (Val::Num(n), "s") => duration_us(*n as i64),
+            (Val::Num(n), "s") => micros(*n),
             (Val::Num(n), "num") => fmt_num(*n),
             (Val::Num(n), _) => match self.unit {
                 Unit::Bytes => bytes(n.max(0.0) as u64),
                 Unit::Ratio => format!("{:.0}%", n * 100.0),
                 Unit::Count => format!("{}", n.round() as i64),
-                Unit::Micros => duration_us(*n as i64),
+                Unit::Micros => micros(*n),
                 Unit::Plain => fmt_num(*n),
             },
             (Val::Bool(b), _) => b.to_string(),
             (Val::Str(s), _) => s.clone(),
             (Val::Missing, _) => "(unknown)".into(),
         }
+    }
+}
+
+/// Microseconds, rounded; under one, in nanoseconds (short GPU kernels).
+fn micros(us: f64) -> String {
+    if us != 0.0 && us.abs() < 1.0 {
+        format!("{:.0} ns", us * 1000.0)
+    } else {
+        duration_us(us.round() as i64)
     }
 }
 

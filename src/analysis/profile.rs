@@ -142,7 +142,9 @@ fn driver_memory(p: &ProfileData) -> Vec<DriverMemory> {
     devices
         .into_iter()
         .map(|device| {
-            let evs: Vec<_> = p.memory_events.iter().filter(on_device).filter(|e| e.device == device).collect();
+            let mut evs: Vec<_> = p.memory_events.iter().filter(on_device).filter(|e| e.device == device).collect();
+            // Several exports merged are each in time order, not together.
+            evs.sort_by_key(|e| e.time_ns);
             let (t0, t1) = (evs.first().map_or(0, |e| e.time_ns), evs.last().map_or(0, |e| e.time_ns));
             let mut live: i128 = 0;
             let mut d = DriverMemory {
@@ -154,7 +156,7 @@ fn driver_memory(p: &ProfileData) -> Vec<DriverMemory> {
                 end_bytes: 0,
                 curve: vec![0; 32],
             };
-            let span = (t1 - t0).max(1) as f64;
+            let span = t1.saturating_sub(t0).max(1) as f64;
             let mut bucket_max: Vec<Option<u64>> = vec![None; 32];
             for e in &evs {
                 match e.op {
@@ -172,7 +174,7 @@ fn driver_memory(p: &ProfileData) -> Vec<DriverMemory> {
                     d.peak_bytes = now;
                     d.peak_time_ns = e.time_ns;
                 }
-                let b = (((e.time_ns - t0) as f64 / span) * 31.0).round() as usize;
+                let b = ((e.time_ns.saturating_sub(t0) as f64 / span) * 31.0).round() as usize;
                 let slot = &mut bucket_max[b.min(31)];
                 *slot = Some(slot.map_or(now, |m| m.max(now)));
             }

@@ -292,7 +292,9 @@ fn read_nsys(path: &Path, strict: bool, out: &mut TextArtifacts) -> Result<(), E
         return Ok(());
     }
     let text = read_all(path)?;
-    let name = path.file_name().map_or_else(|| shown.clone(), |n| n.to_string_lossy().into_owned());
+    // The whole path names the report (its file name says which report it is): two ranks' same-named files stay
+    // apart.
+    let name = shown.clone();
     out.inputs.push(InputInfo {
         path: shown,
         kind: "nsys",

@@ -184,6 +184,7 @@ fn read_human(lines: &[(usize, String)], data: &mut ProfileData, src: &mut Profi
     let mut spans: Option<Vec<(usize, usize)>> = None;
     let mut in_nvtx = false;
     let mut table_rows = 0;
+    let (mut header_seen, mut header_closed) = (false, false);
     let mut metric_rows = 0;
     let first = data.ncu_kernels.len();
     for (no, line) in lines {
@@ -268,8 +269,11 @@ fn read_human(lines: &[(usize, String)], data: &mut ProfileData, src: &mut Profi
                     }
                     spans = (v.len() == 3 && v[0].0 == indent).then_some(v);
                     table_rows = 0;
+                    header_seen = false;
+                    header_closed = false;
                 }
-                Some(_) if table_rows == 0 => {}
+                // The rule under a `Metric Name` header.
+                Some(_) if table_rows == 0 && header_seen && !header_closed => header_closed = true,
                 Some(_) => spans = None,
             }
             continue;
@@ -278,6 +282,7 @@ fn read_human(lines: &[(usize, String)], data: &mut ProfileData, src: &mut Profi
             continue;
         }
         if table_rows == 0 && t.starts_with("Metric Name") {
+            header_seen = true;
             continue;
         }
         // Columns are set apart by two or more spaces; a wide unit (`register/thread`) may start inside the name's

@@ -946,6 +946,7 @@ impl RowReader<'_> {
             dst_kind: self.opt_text(c, "dstmemkd"),
             name,
             line,
+            capture: 0,
         })
     }
 

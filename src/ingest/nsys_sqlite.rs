@@ -672,6 +672,7 @@ fn gpu_op(c: Common, name: String, kind: GpuOpKind, line: usize) -> GpuOp {
         src_kind: None,
         dst_kind: None,
         line,
+        capture: 0,
     }
 }
 

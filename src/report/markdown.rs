@@ -9,8 +9,28 @@ use crate::timeline::Timeline;
 use crate::units::{bytes, duration_us};
 
 /// Escapes text for a table cell or inline prose.
+/// Escapes Markdown in prose; text inside `code spans` is left as written (a backslash there would show), except
+/// `|`, which would end a table cell.
 fn esc(s: &str) -> String {
-    s.replace('|', "\\|").replace('<', "&lt;").replace('>', "&gt;").replace('*', "\\*").replace('_', "\\_")
+    let mut out = String::with_capacity(s.len() + 8);
+    for (i, part) in s.split('`').enumerate() {
+        if i > 0 {
+            out.push('`');
+        }
+        if i % 2 == 1 {
+            out.push_str(&part.replace('|', "\\|"));
+        } else {
+            out.push_str(
+                &part
+                    .replace('|', "\\|")
+                    .replace('<', "&lt;")
+                    .replace('>', "&gt;")
+                    .replace('*', "\\*")
+                    .replace('_', "\\_"),
+            );
+        }
+    }
+    out
 }
 
 pub fn render(a: &Analysis, tl: &Timeline) -> String {
@@ -26,18 +46,11 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
     if let Some(s) = &a.serving {
         let _ = writeln!(o, "**Serving engine (vLLM)**: {}\n", esc(&sections::serving_lines(s).join("; ")));
     }
-    if let Some(p) = &a.profile {
-        let lines = sections::profile_lines(p);
-        let _ = writeln!(o, "**Profiler exports (Nsight Systems / Nsight Compute)**\n");
-        for l in &lines {
-            let _ = writeln!(o, "- {}", esc(l.trim_start()));
-        }
-        let _ = writeln!(o);
-    }
     if a.devices.is_empty() && a.findings.is_empty() {
         if a.profile.is_none() {
             let _ = writeln!(o, "No GPU memory in these files: no segments, no trace events, no OOM message.");
         }
+        profile_section(&mut o, a);
         return o;
     }
     if !a.findings.is_empty() {
@@ -54,6 +67,11 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
                 esc(&f.fix)
             );
         }
+    }
+    if a.devices.is_empty() {
+        let _ = writeln!(o);
+        profile_section(&mut o, a);
+        return o;
     }
     let _ = writeln!(o);
     let _ = writeln!(
@@ -79,7 +97,17 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
     for d in &a.devices {
         device(&mut o, d, tl);
     }
+    profile_section(&mut o, a);
     o
+}
+
+/// What the profiler exports said, after the findings and the GPUs (as in the text report).
+fn profile_section(o: &mut String, a: &Analysis) {
+    let Some(p) = &a.profile else { return };
+    let _ = writeln!(o, "\n### Profiler exports (Nsight Systems / Nsight Compute)\n");
+    for l in sections::profile_lines(p) {
+        let _ = writeln!(o, "- {}", esc(l.trim_start()));
+    }
 }
 
 fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {

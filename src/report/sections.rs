@@ -272,14 +272,19 @@ pub fn serving_lines(s: &ServingSummary) -> Vec<String> {
 }
 
 fn ns(n: u64) -> String {
-    duration_us((n / 1000) as i64)
+    ns_f(Some(n as f64))
 }
 
-fn ns_f(n: Option<f64>) -> String {
-    n.map_or("?".into(), |v| duration_us((v / 1000.0).round() as i64))
+/// Nanoseconds as a duration: rounded to the microsecond, or in nanoseconds under one.
+pub fn ns_f(n: Option<f64>) -> String {
+    match n {
+        None => "?".into(),
+        Some(v) if v < 1000.0 => format!("{v:.0} ns"),
+        Some(v) => duration_us((v / 1000.0).round() as i64),
+    }
 }
 
-fn pct_f(v: Option<f64>) -> String {
+pub fn pct_f(v: Option<f64>) -> String {
     v.map_or("?".into(), |v| format!("{v:.0}%"))
 }
 

@@ -197,6 +197,9 @@ pub struct GpuOp {
     pub dst_kind: Option<String>,
     /// Line in its file.
     pub line: usize,
+    /// Which capture (input) it came from, so that several ranks' traces are not read as one.
+    #[serde(skip)]
+    pub capture: u32,
 }
 
 /// Memory operations of one kind: the size and the time summaries joined.
@@ -786,9 +789,15 @@ fn alloc_api(name: &str) -> Option<AllocApi> {
 impl ProfileData {
     /// Appends another input's data (several sibling report files of one capture, or several captures).
     pub fn merge(&mut self, other: ProfileData) {
+        // A trace merged in from another input is another capture (another rank, or another run).
+        let capture = self.gpu_trace.iter().map(|o| o.capture + 1).max().unwrap_or(0);
+        let shift = if self.gpu_trace.is_empty() { 0 } else { capture };
         self.sources.extend(other.sources);
         self.kernels.extend(other.kernels);
-        self.gpu_trace.extend(other.gpu_trace);
+        self.gpu_trace.extend(other.gpu_trace.into_iter().map(|mut o| {
+            o.capture += shift;
+            o
+        }));
         self.api.extend(other.api);
         self.os_runtime.extend(other.os_runtime);
         self.nvtx_ranges.extend(other.nvtx_ranges);
@@ -935,52 +944,21 @@ impl ProfileData {
     }
 
     /// How gradient all-reduces fall into optimizer steps and micro-batches, from the GPU trace. Steps end at the
-    /// optimizer's kernels (a run of them with nothing else of note between is one step end); micro-batches start
-    /// at the copy of their inputs to the GPU (a run of host-to-device copies is one start). `None` without a GPU
-    /// trace that shows at least one optimizer step and one all-reduce.
+    /// optimizer's kernels (a run of them with nothing else of note between is one step end). Micro-batches are
+    /// told apart, in order of preference, by the copy of their inputs to the GPU (a run of host-to-device copies
+    /// starts one), or by the step's compute kernels repeating: k micro-batches of one model launch the same
+    /// kernel sequence k times. `None` without a GPU trace that shows at least one optimizer step and one
+    /// all-reduce.
     pub fn step_structure(&self) -> Option<StepStructure> {
-        let mut ops: Vec<&GpuOp> = self.gpu_trace.iter().collect();
-        ops.sort_by_key(|o| o.start_ns);
-        let mut steps: Vec<StepCounts> = Vec::new();
-        let mut cur = StepCounts::default();
-        // Where the last event of note was: a micro-batch start, an all-reduce, or an optimizer kernel.
-        let mut prev: Option<Mark> = None;
-        let mut mb_has_allreduce = false;
-        let mut any_allreduce = false;
-        for o in ops {
-            let mark = match o.kind {
-                GpuOpKind::Memcpy(CopyDirection::HostToDevice) => Mark::Input,
-                GpuOpKind::Kernel if is_optimizer_kernel(&o.name) => Mark::Optimizer,
-                GpuOpKind::Kernel if nccl_collective(&o.name).is_some_and(|c| c.op == CollectiveOp::AllReduce) => {
-                    Mark::AllReduce
-                }
-                _ => continue,
-            };
-            match mark {
-                Mark::Input if prev != Some(Mark::Input) => {
-                    cur.microbatches += 1;
-                    mb_has_allreduce = false;
-                }
-                Mark::AllReduce => {
-                    any_allreduce = true;
-                    cur.allreduce_launches += 1;
-                    if !mb_has_allreduce {
-                        cur.microbatches_with_allreduce += 1;
-                        mb_has_allreduce = true;
-                    }
-                }
-                Mark::Optimizer if prev != Some(Mark::Optimizer) => {
-                    steps.push(std::mem::take(&mut cur));
-                    mb_has_allreduce = false;
-                }
-                _ => {}
-            }
-            prev = Some(mark);
+        // Each rank's trace on its own: steps of different GPUs or processes must not interleave.
+        let mut lanes: BTreeMap<(u32, Option<i64>), Vec<&GpuOp>> = BTreeMap::new();
+        for o in &self.gpu_trace {
+            lanes.entry((o.capture, o.device_id)).or_default().push(o);
         }
-        if steps.is_empty() || !any_allreduce {
-            return None;
-        }
-        Some(StepStructure { steps, trailing: cur })
+        lanes
+            .into_values()
+            .filter_map(|ops| lane_steps(ops))
+            .max_by_key(|s| (s.median(|c| c.microbatches_with_allreduce), s.steps_with_allreduce()))
     }
 
     /// cudaMalloc/cudaFree (and relatives) calls and time, from the CUDA API summary (or `apigpusum`).
@@ -1049,16 +1027,192 @@ impl ProfileData {
 /// `void at::native::vectorized_elementwise_kernel<4, …>(int, …)` → `vectorized_elementwise_kernel`.
 pub fn short_kernel_name(name: &str) -> String {
     let cleaned = name.trim().replace("(anonymous namespace)::", "").replace("<unnamed>::", "");
-    let n = cleaned.strip_prefix("void ").unwrap_or(&cleaned);
-    // Templates and parameters both start at the first `<` or `(`.
-    let end = n.find(['<', '(']).unwrap_or(n.len());
-    let head = &n[..end];
-    let last = head.rsplit("::").next().unwrap_or(head).trim();
+    // The name proper ends at the first `(` outside template brackets (a return type may hold `<…>` too);
+    // drop template arguments, then the return type (before the last space), then namespaces.
+    let mut depth = 0i32;
+    let mut head = String::new();
+    for c in cleaned.chars() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            '(' if depth <= 0 => break,
+            _ if depth <= 0 => head.push(c),
+            _ => {}
+        }
+    }
+    let head = head.trim();
+    let last_word = head.rsplit(' ').next().unwrap_or(head);
+    let mut parts = last_word.rsplit("::");
+    let last = parts.next().unwrap_or(last_word).trim();
+    // `gemvx::kernel` says more than `kernel`.
+    if last.len() < 8 {
+        if let Some(ns) = parts.next().filter(|p| !p.is_empty()) {
+            return format!("{ns}::{last}");
+        }
+    }
     if last.is_empty() {
-        n.chars().take(60).collect()
+        cleaned.chars().take(60).collect()
     } else {
         last.to_string()
     }
+}
+
+/// The steps of one GPU's trace.
+fn lane_steps(mut ops: Vec<&GpuOp>) -> Option<StepStructure> {
+    ops.sort_by_key(|o| o.start_ns);
+    let is_allreduce = |o: &GpuOp| {
+        o.kind == GpuOpKind::Kernel && nccl_collective(&o.name).is_some_and(|c| c.op == CollectiveOp::AllReduce)
+    };
+    let is_optimizer = |o: &GpuOp| o.kind == GpuOpKind::Kernel && is_optimizer_kernel(&o.name);
+    let mut groups: Vec<Vec<&GpuOp>> = vec![Vec::new()];
+    let mut prev_optimizer = false;
+    let mut complete = 0;
+    for o in ops {
+        if is_optimizer(o) {
+            if !prev_optimizer {
+                complete += 1;
+                groups.push(Vec::new());
+            }
+            prev_optimizer = true;
+            continue;
+        }
+        prev_optimizer = false;
+        groups.last_mut().expect("never empty").push(o);
+    }
+    if complete == 0 || !groups.iter().flatten().any(|o| is_allreduce(o)) {
+        return None;
+    }
+    let trailing = groups.pop().map(|g| step_counts(&g, &is_allreduce)).unwrap_or_default();
+    let steps = groups.iter().map(|g| step_counts(g, &is_allreduce)).collect();
+    Some(StepStructure { steps, trailing })
+}
+
+/// One step's micro-batches and all-reduces (see [`ProfileData::step_structure`]).
+fn step_counts(ops: &[&GpuOp], is_allreduce: &impl Fn(&GpuOp) -> bool) -> StepCounts {
+    let mut c =
+        StepCounts { allreduce_launches: ops.iter().filter(|o| is_allreduce(o)).count() as u64, ..Default::default() };
+    // Micro-batch of each op, by input copies: a run of host-to-device copies after a kernel starts one (copies
+    // and memsets before the first kernel are one run).
+    let mut by_input: Vec<usize> = Vec::with_capacity(ops.len());
+    let (mut n_input, mut kernel_since_copy, mut in_run) = (0usize, true, false);
+    for o in ops {
+        match o.kind {
+            GpuOpKind::Memcpy(CopyDirection::HostToDevice) => {
+                if !in_run && kernel_since_copy {
+                    n_input += 1;
+                    kernel_since_copy = false;
+                }
+                in_run = true;
+            }
+            GpuOpKind::Kernel => {
+                in_run = false;
+                kernel_since_copy = true;
+            }
+            _ => {}
+        }
+        by_input.push(n_input.saturating_sub(1));
+    }
+    let (mb_of, microbatches, cue) = if n_input >= 2 {
+        (by_input, n_input, MicrobatchCue::InputCopies)
+    } else {
+        // By repetition: the compute kernels (neither NCCL nor copies) form k copies of one sequence.
+        let compute: Vec<&str> = ops
+            .iter()
+            .filter(|o| o.kind == GpuOpKind::Kernel && nccl_collective(&o.name).is_none())
+            .map(|o| o.name.as_str())
+            .collect();
+        match microbatch_starts(&compute) {
+            Some(starts) => {
+                // An op belongs to the micro-batch of the compute kernel launched last before it.
+                let mut seen = 0usize;
+                let mb: Vec<usize> = ops
+                    .iter()
+                    .map(|o| {
+                        if o.kind == GpuOpKind::Kernel && nccl_collective(&o.name).is_none() {
+                            seen += 1;
+                        }
+                        starts.partition_point(|&s| s < seen).saturating_sub(1)
+                    })
+                    .collect();
+                (mb, starts.len(), MicrobatchCue::RepeatingKernels)
+            }
+            None => (vec![0; ops.len()], usize::from(!compute.is_empty()), MicrobatchCue::None),
+        }
+    };
+    // All-reduce weight per micro-batch: GPU time when the trace has it, else launches. A micro-batch counts as
+    // all-reducing gradients only with at least half the weight of the heaviest one: a loss averaged across ranks
+    // for logging (`dist.all_reduce(loss)`, a few µs) is not a gradient all-reduce.
+    let mut weight = vec![0u64; microbatches.max(1)];
+    let timed = ops.iter().filter(|o| is_allreduce(o)).all(|o| o.duration_ns > 0);
+    for (o, &mb) in ops.iter().zip(&mb_of) {
+        if is_allreduce(o) {
+            let last = weight.len() - 1;
+            weight[mb.min(last)] += if timed { o.duration_ns } else { 1 };
+        }
+    }
+    let heaviest = weight.iter().copied().max().unwrap_or(0);
+    c.microbatches = microbatches as u64;
+    c.microbatches_with_allreduce = weight.iter().filter(|&&w| w > 0 && w * 2 >= heaviest).count() as u64;
+    c.delimited_by = cue;
+    c
+}
+
+/// Where the micro-batches of a step start, as indices into its compute kernels; `None` when the step shows no
+/// repetition. First an exact period (k copies of one sequence); else the step's opening kernels recurring: the
+/// forward pass is the same in every micro-batch even where the backward is not (the first backward of a window
+/// assigns gradients, the later ones add to them). How often an opening of m kernels recurs falls as m grows;
+/// the micro-batch count is the longest plateau of that count (a kernel that also recurs inside a pass gives a
+/// higher count for short openings only).
+fn microbatch_starts(compute: &[&str]) -> Option<Vec<usize>> {
+    let n = compute.len();
+    if let Some(p) = (1..=n / 2).find(|&p| n % p == 0 && (p..n).all(|i| compute[i] == compute[i - p])) {
+        return Some((0..n).step_by(p).collect());
+    }
+    let occurrences = |m: usize| -> Vec<usize> {
+        let sig = &compute[..m];
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i + m <= n {
+            if compute[i..i + m] == *sig {
+                out.push(i);
+                i += m;
+            } else {
+                i += 1;
+            }
+        }
+        out
+    };
+    // (count, first m, last m) of each plateau with at least two recurrences.
+    let mut best: Option<(usize, usize, usize)> = None;
+    let mut run: Option<(usize, usize, usize)> = None;
+    for m in 1..=32.min(n / 2) {
+        let c = occurrences(m).len();
+        if c < 2 {
+            break;
+        }
+        run = match run {
+            Some((rc, first, _)) if rc == c => Some((rc, first, m)),
+            _ => Some((c, m, m)),
+        };
+        let r = run.expect("just set");
+        if best.is_none_or(|b| r.2 - r.1 >= b.2 - b.1) {
+            best = Some(r);
+        }
+    }
+    best.map(|(_, _, m)| occurrences(m))
+}
+
+/// What told one micro-batch from the next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MicrobatchCue {
+    /// Nothing did: the step is one micro-batch as far as the trace shows.
+    #[default]
+    None,
+    /// A run of host-to-device copies (the micro-batch's inputs) starts each.
+    InputCopies,
+    /// The step's compute kernels repeat once per micro-batch.
+    RepeatingKernels,
 }
 
 /// Kernels of an optimizer step: PyTorch's foreach and fused optimizers (and the gradient clipping and AMP
@@ -1072,22 +1226,16 @@ pub fn is_optimizer_kernel(name: &str) -> bool {
             .any(|o| n.contains(o))
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mark {
-    Input,
-    AllReduce,
-    Optimizer,
-}
-
 /// One optimizer step as the GPU trace shows it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct StepCounts {
-    /// Runs of host-to-device copies (a micro-batch's inputs arriving).
+    /// Micro-batches (see `delimited_by`).
     pub microbatches: u64,
     /// NCCL all-reduce launches.
     pub allreduce_launches: u64,
     /// Micro-batches during which at least one all-reduce ran.
     pub microbatches_with_allreduce: u64,
+    pub delimited_by: MicrobatchCue,
 }
 
 /// Steps of a GPU trace: each complete one (ended by the optimizer) and what came after the last.
@@ -1164,6 +1312,26 @@ mod tests {
         assert_eq!(m(1.0, "%").in_base_unit(), None);
         assert_eq!(m(1.0, "byte/block").in_base_unit(), None);
         assert_eq!(m(1.0, "KiB").in_base_unit(), Some((1024.0, "byte")));
+    }
+
+    #[test]
+    fn short_names() {
+        let short = |n: &str| short_kernel_name(n);
+        assert_eq!(
+            short("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char *, 3>>(int, T2, T3)"),
+            "vectorized_elementwise_kernel"
+        );
+        assert_eq!(short("std::enable_if<!T7, void>::type internal::gemvx::kernel<int, int, float, float, float, float, false, true, true, false, 7, false, cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<const float>, cublasGemvTensorStridedBatched<const float>, cublasGemvTensorStridedBatched<float>, float>>(T13)"), "gemvx::kernel");
+        assert_eq!(
+            short("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<X>(T1, T2)"),
+            "multi_tensor_apply_kernel"
+        );
+        assert_eq!(
+            short("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+        );
+        assert_eq!(short("ampere_sgemm_32x32_sliced1x4_tn"), "ampere_sgemm_32x32_sliced1x4_tn");
+        assert_eq!(short("void <unnamed>::oneRankReduce<FuncPreMulSum<float>>(void *, void *)"), "oneRankReduce");
     }
 
     #[test]
