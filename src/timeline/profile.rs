@@ -1165,7 +1165,7 @@ fn step_counts(ops: &[&GpuOp], is_allreduce: &impl Fn(&GpuOp) -> bool) -> StepCo
 /// higher count for short openings only).
 fn microbatch_starts(compute: &[&str]) -> Option<Vec<usize>> {
     let n = compute.len();
-    if let Some(p) = (1..=n / 2).find(|&p| n % p == 0 && (p..n).all(|i| compute[i] == compute[i - p])) {
+    if let Some(p) = (1..=n / 2).find(|&p| n.is_multiple_of(p) && (p..n).all(|i| compute[i] == compute[i - p])) {
         return Some((0..n).step_by(p).collect());
     }
     let occurrences = |m: usize| -> Vec<usize> {
