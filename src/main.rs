@@ -271,7 +271,7 @@ fn for_each_input(
     let t0 = std::time::Instant::now();
     let timelines = oomdoc::ingest::load_job(&input.files, &load)?;
     if timing {
-        eprintln!("oomdoc: read {} files in {:.3} s", input.files.len(), t0.elapsed().as_secs_f64());
+        eprintln!("oomdoc: read {} files in {:.3} s{}", input.files.len(), t0.elapsed().as_secs_f64(), peak_rss());
     }
     for tl in timelines {
         let t1 = std::time::Instant::now();
@@ -282,13 +282,21 @@ fn for_each_input(
         }
         rules.apply(&mut a);
         if timing {
-            eprintln!("oomdoc: analysed in {:.3} s", t1.elapsed().as_secs_f64());
+            eprintln!("oomdoc: analysed in {:.3} s{}", t1.elapsed().as_secs_f64(), peak_rss());
         }
         each(&tl, a)?;
         // Freeing millions of small records takes longer than the process exit that reclaims them anyway.
         std::mem::forget(tl);
     }
     Ok(())
+}
+
+/// `, peak RSS N MiB` where /proc tells it (Linux), for OOMDOC_TIMING.
+fn peak_rss() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| l[6..].trim().to_string()))
+        .map_or(String::new(), |v| format!(", peak RSS {v}"))
 }
 
 fn write_out(path: Option<&PathBuf>, text: &str) -> Result<(), Error> {

@@ -402,7 +402,7 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
         bar
     });
     let callback = progress.clone().map(|bar| Box::new(move |pos: u64| bar.set_position(pos)) as Box<dyn FnMut(u64)>);
-    let result = snapshot::read(file, callback);
+    let result = snapshot::read_sized(file, len, callback);
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }

@@ -327,11 +327,23 @@ pub struct Snapshot {
 
 /// Reads a snapshot from a stream. `Err` carries a message without the path; the caller adds it.
 pub fn read<R: Read>(src: R, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Snapshot, SnapshotError> {
+    read_sized(src, 0, progress)
+}
+
+/// Bytes of pickle per trace entry, at the least: with memo-shared frames an entry takes ~75 bytes. Reserving
+/// `len / this` events up front spares the copies of a growing vector, and the untouched tail of the reservation
+/// costs address space only, not memory.
+const MIN_ENTRY_BYTES: u64 = 48;
+
+/// [`read`], told the file's length (0: unknown) to size the event table once.
+pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Snapshot, SnapshotError> {
     let mut strings = Strings::default();
     intern_keys(&mut strings);
+    // Capped so that a hostile length cannot reserve absurd address space.
+    let reserve = (len / MIN_ENTRY_BYTES).min(1 << 26) as usize;
     let mut b = SnapshotBuilder {
         stacks: Stacks::default(),
-        events: Vec::new(),
+        events: Vec::with_capacity(reserve),
         frame_buf: Vec::new(),
         seen_time: false,
         seen_compile_context: false,
@@ -420,13 +432,21 @@ pub fn read<R: Read>(src: R, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Sn
                     Value::Custom(_, i) => *i as usize - consumed,
                     _ => unreachable!("checked above"),
                 };
-                let contiguous = entries.iter().enumerate().all(|(i, e)| match e {
-                    Value::Custom(_, j) => *j as usize == consumed + i,
-                    _ => false,
-                });
+                // Dicts read before the trace that looked like entries (an `action` key) may precede the run.
+                let first = match entries[0] {
+                    Value::Custom(_, j) => j as usize,
+                    _ => unreachable!("checked above"),
+                };
+                let contiguous = first >= consumed
+                    && entries.iter().enumerate().all(|(i, e)| match e {
+                        Value::Custom(_, j) => *j as usize == first + i,
+                        _ => false,
+                    });
                 let events = if contiguous {
+                    // Drop what precedes the run in place (a move within the buffer, no second copy of the trace).
+                    all_events.drain(..first - consumed);
                     let rest = all_events.split_off(entries.len());
-                    consumed += entries.len();
+                    consumed = first + entries.len();
                     std::mem::replace(&mut all_events, rest)
                 } else {
                     entries
