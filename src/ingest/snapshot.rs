@@ -340,7 +340,7 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
     let mut strings = Strings::default();
     intern_keys(&mut strings);
     // Capped so that a hostile length cannot reserve absurd address space.
-    let reserve = (len / MIN_ENTRY_BYTES).min(1 << 26) as usize;
+    let reserve = (len / MIN_ENTRY_BYTES).min(1 << 23) as usize;
     let mut b = SnapshotBuilder {
         stacks: Stacks::default(),
         events: Vec::with_capacity(reserve),
