@@ -669,9 +669,8 @@ fn compile_facts(f: &mut Facts, cx: &Ctx) {
     let events = &cx.dev.events;
     let na = cx.tl.strings.lookup("N/A");
     let in_compile = |i: usize| {
-        let e = &events[i];
-        (e.compile_context != NO_STR && Some(e.compile_context) != na && !cx.tl.str(e.compile_context).is_empty())
-            || cx.is(i, "compile")
+        let cc = cx.dev.attrs(&events[i]).compile_context;
+        (cc != NO_STR && Some(cc) != na && !cx.tl.str(cc).is_empty()) || cx.is(i, "compile")
     };
     let compile_idx: Vec<usize> = (0..events.len()).filter(|&i| in_compile(i)).collect();
     f.flag("compile.seen", !compile_idx.is_empty(), "torch.compile (dynamo/inductor) activity in the trace");

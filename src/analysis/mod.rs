@@ -375,7 +375,7 @@ fn analyze_device(
         let (mut free, mut largest) = (0, 0);
         for p in &free_by_pool {
             let same_pool = p.pool == pool_name(Some(pool)) || p.pool == "unknown";
-            if same_pool && p.stream == e.stream {
+            if same_pool && p.stream == dev.attrs(e).stream {
                 free += p.free_bytes;
                 largest = largest.max(p.largest_free_block_bytes);
             }
@@ -383,10 +383,10 @@ fn analyze_device(
         OomReport {
             source: "snapshot",
             requested_bytes: Some(e.size),
-            device_free_bytes: e.device_free(),
+            device_free_bytes: dev.attrs(e).device_free(),
             time_us: e.time_us(),
             event_index: Some(i),
-            stream: Some(e.stream),
+            stream: Some(dev.attrs(e).stream),
             pool: Some(pool_name(Some(pool))),
             cached_free_in_pool_bytes: Some(free),
             largest_free_in_pool_bytes: Some(largest),

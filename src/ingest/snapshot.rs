@@ -8,8 +8,8 @@ use std::io::Read;
 use super::pickle::{self, dict_get, Builder, Value};
 use crate::timeline::stacks::{Frame, StackId, Stacks, StrId, Strings, EMPTY_STACK};
 use crate::timeline::{
-    Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTimeline, Event, PoolKind, Segment, Timeline,
-    NO_STR,
+    Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTimeline, Event, EventAttrTable, EventAttrs,
+    PoolKind, Segment, Timeline, NO_STR,
 };
 
 const FRAME: u8 = 1;
@@ -154,6 +154,8 @@ fn action_of(id: StrId) -> Action {
 struct SnapshotBuilder {
     stacks: Stacks,
     events: Vec<Event>,
+    /// Shared by every device's events while reading; each device gets a copy.
+    event_attrs: EventAttrTable,
     frame_buf: Vec<u32>,
     seen_time: bool,
     seen_compile_context: bool,
@@ -188,6 +190,7 @@ impl SnapshotBuilder {
     fn trace_entry(&mut self, items: &[Value]) -> Result<Value, String> {
         const W: &str = "trace entry";
         let mut e = Event::new(Action::Unknown, 0, 0);
+        let mut a = EventAttrs::default();
         for kv in items.chunks_exact(2) {
             let Value::Str(key) = kv[0] else { continue };
             let v = &kv[1];
@@ -201,12 +204,12 @@ impl SnapshotBuilder {
                 k::SIZE => e.size = want_u64(v, "size", W)?,
                 // A stream is a raw pointer; a negative value (never seen) is kept as its bit pattern.
                 k::STREAM => {
-                    e.stream = v
+                    a.stream = v
                         .as_u64()
                         .or_else(|| v.as_i64().map(|i| i as u64))
                         .ok_or_else(|| format!("{W}: 'stream' is {}, expected an int", v.type_name()))?
                 }
-                k::DEVICE_FREE => e.set_device_free(want_u64(v, "device_free", W)?),
+                k::DEVICE_FREE => a.set_device_free(want_u64(v, "device_free", W)?),
                 k::TIME_US => {
                     let t =
                         v.as_i64().ok_or_else(|| format!("{W}: 'time_us' is {}, expected an int", v.type_name()))?;
@@ -228,16 +231,16 @@ impl SnapshotBuilder {
                     })?
                 }
                 k::COMPILE_CONTEXT => {
-                    e.compile_context = v.as_str_id().unwrap_or(NO_STR);
+                    a.compile_context = v.as_str_id().unwrap_or(NO_STR);
                     self.seen_compile_context = true;
                 }
                 k::USER_METADATA => {
-                    e.user_metadata = v.as_str_id().unwrap_or(NO_STR);
+                    a.user_metadata = v.as_str_id().unwrap_or(NO_STR);
                     self.seen_user_metadata = true;
                 }
                 k::POOL_ID => {
                     if let Some(p) = pair(v) {
-                        e.set_pool_id(p);
+                        a.set_pool_id(p);
                     }
                     self.seen_pool_id = true;
                 }
@@ -246,6 +249,7 @@ impl SnapshotBuilder {
                 _ => {}
             }
         }
+        self.event_attrs.assign(&mut e, a)?;
         let idx = u32::try_from(self.events.len()).map_err(|_| "more than 4 billion trace entries".to_string())?;
         self.events.push(e);
         Ok(Value::Custom(TRACE, idx))
@@ -344,6 +348,7 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
     let mut b = SnapshotBuilder {
         stacks: Stacks::default(),
         events: Vec::with_capacity(reserve),
+        event_attrs: EventAttrTable::default(),
         frame_buf: Vec::new(),
         seen_time: false,
         seen_compile_context: false,
@@ -355,6 +360,7 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
     let SnapshotBuilder {
         stacks,
         events: mut all_events,
+        event_attrs,
         seen_time,
         seen_compile_context,
         seen_user_metadata,
@@ -457,7 +463,9 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
                         })
                         .collect()
                 };
-                tl.device_mut(dev as i64).events = events;
+                let d = tl.device_mut(dev as i64);
+                d.events = events;
+                d.event_attrs = event_attrs.clone();
             }
         }
         if let Some(s) = dict_get(&items, k::ALLOCATOR_SETTINGS) {

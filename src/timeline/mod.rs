@@ -74,23 +74,23 @@ impl Action {
 /// Sentinel for "no string" in compact records.
 pub const NO_STR: StrId = u32::MAX;
 
-/// One allocator event (a snapshot trace entry). Millions are kept, so it is 64 bytes: optional fields are
-/// stored with sentinels and read through accessors.
+/// One allocator event (a snapshot trace entry). Millions are kept, so it is 32 bytes: what few events differ in
+/// (stream, pool, compile context, user metadata, the driver's free bytes at an OOM) is interned per device as
+/// [`EventAttrs`] and read through [`DeviceTimeline::attrs`]; the time is stored with a sentinel.
 #[derive(Clone, Debug)]
 pub struct Event {
     pub addr: u64,
     /// Meaning depends on the action: caller's size for `alloc`, requested size for frees, segment or mapped
     /// bytes for segment events, rounded search size for `oom`, active bytes for `snapshot`.
     pub size: u64,
-    pub stream: u64,
-    device_free: u64,
     time_us: i64,
     pub stack: StackId,
-    pub compile_context: StrId,
-    pub user_metadata: StrId,
-    pool_id: (i32, i32),
+    /// Index into the device's [`EventAttrTable`], 24 bits little-endian.
+    attrs: [u8; 3],
     pub action: Action,
 }
+
+const _: () = assert!(std::mem::size_of::<Event>() == 32);
 
 const NO_U64: u64 = u64::MAX;
 const NO_TIME: i64 = i64::MIN;
@@ -98,27 +98,7 @@ const NO_POOL: (i32, i32) = (i32::MIN, i32::MIN);
 
 impl Event {
     pub fn new(action: Action, addr: u64, size: u64) -> Event {
-        Event {
-            addr,
-            size,
-            stream: 0,
-            device_free: NO_U64,
-            time_us: NO_TIME,
-            stack: stacks::EMPTY_STACK,
-            compile_context: NO_STR,
-            user_metadata: NO_STR,
-            pool_id: NO_POOL,
-            action,
-        }
-    }
-
-    /// Only on `oom`: what `cudaMemGetInfo` reported free.
-    pub fn device_free(&self) -> Option<u64> {
-        (self.device_free != NO_U64).then_some(self.device_free)
-    }
-
-    pub fn set_device_free(&mut self, v: u64) {
-        self.device_free = v.min(NO_U64 - 1);
+        Event { addr, size, time_us: NO_TIME, stack: stacks::EMPTY_STACK, attrs: [0; 3], action }
     }
 
     /// Microseconds since the Unix epoch (torch ≥ 2.2).
@@ -130,6 +110,44 @@ impl Event {
         self.time_us = v.max(NO_TIME + 1);
     }
 
+    /// Its attributes' index in the device's table (0: the defaults).
+    pub fn attrs_id(&self) -> u32 {
+        u32::from_le_bytes([self.attrs[0], self.attrs[1], self.attrs[2], 0])
+    }
+
+    fn set_attrs_id(&mut self, id: u32) {
+        let b = id.to_le_bytes();
+        self.attrs = [b[0], b[1], b[2]];
+    }
+}
+
+/// What an event says besides its action, address, size, stack and time. Few distinct values occur in a trace
+/// (a handful of streams and pools, "N/A" compile contexts), so they are stored once per device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EventAttrs {
+    pub stream: u64,
+    device_free: u64,
+    pub compile_context: StrId,
+    pub user_metadata: StrId,
+    pool_id: (i32, i32),
+}
+
+impl Default for EventAttrs {
+    fn default() -> Self {
+        EventAttrs { stream: 0, device_free: NO_U64, compile_context: NO_STR, user_metadata: NO_STR, pool_id: NO_POOL }
+    }
+}
+
+impl EventAttrs {
+    /// Only on `oom`: what `cudaMemGetInfo` reported free.
+    pub fn device_free(&self) -> Option<u64> {
+        (self.device_free != NO_U64).then_some(self.device_free)
+    }
+
+    pub fn set_device_free(&mut self, v: u64) {
+        self.device_free = v.min(NO_U64 - 1);
+    }
+
     /// The memory pool of the event (torch ≥ 2.12).
     pub fn pool_id(&self) -> Option<(i64, i64)> {
         (self.pool_id != NO_POOL).then_some((self.pool_id.0 as i64, self.pool_id.1 as i64))
@@ -138,6 +156,56 @@ impl Event {
     pub fn set_pool_id(&mut self, (a, b): (i64, i64)) {
         let clamp = |v: i64| v.clamp(i32::MIN as i64 + 1, i32::MAX as i64) as i32;
         self.pool_id = (clamp(a), clamp(b));
+    }
+}
+
+/// The distinct [`EventAttrs`] of a trace; index 0 is the defaults.
+#[derive(Clone, Debug)]
+pub struct EventAttrTable {
+    list: Vec<EventAttrs>,
+    index: rustc_hash::FxHashMap<EventAttrs, u32>,
+}
+
+/// An event's attribute index has 24 bits.
+const MAX_ATTRS: usize = 1 << 24;
+
+impl Default for EventAttrTable {
+    fn default() -> Self {
+        let d = EventAttrs::default();
+        EventAttrTable { list: vec![d], index: [(d, 0)].into_iter().collect() }
+    }
+}
+
+impl EventAttrTable {
+    pub fn get(&self, e: &Event) -> &EventAttrs {
+        self.list.get(e.attrs_id() as usize).unwrap_or(&self.list[0])
+    }
+
+    /// Gives `e` these attributes. Fails past 16.7 million distinct ones (a trace of nothing but OOMs, each with
+    /// its own free figure).
+    pub fn assign(&mut self, e: &mut Event, a: EventAttrs) -> Result<(), String> {
+        let id = match self.index.get(&a) {
+            Some(&id) => id,
+            None => {
+                if self.list.len() >= MAX_ATTRS {
+                    return Err(format!("more than {MAX_ATTRS} distinct stream/pool/context values in the trace"));
+                }
+                let id = self.list.len() as u32;
+                self.list.push(a);
+                self.index.insert(a, id);
+                id
+            }
+        };
+        e.set_attrs_id(id);
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
     }
 }
 
@@ -201,6 +269,8 @@ pub struct DeviceTimeline {
     pub device: i64,
     /// Trace entries in chronological order.
     pub events: Vec<Event>,
+    /// The attributes its events refer to.
+    pub event_attrs: EventAttrTable,
     /// The allocator state when the file was written (complete even when the trace is not).
     pub segments: Vec<Segment>,
     /// Memory as nvidia-smi saw it, in the order read (see `timeline::clock` for their times).
@@ -215,6 +285,11 @@ pub struct DeviceTimeline {
 }
 
 impl DeviceTimeline {
+    /// An event's stream, pool, compile context, user metadata and OOM free bytes.
+    pub fn attrs(&self, e: &Event) -> &EventAttrs {
+        self.event_attrs.get(e)
+    }
+
     /// Allocator events or a final state from a snapshot (as opposed to text artifacts only).
     pub fn has_allocator_data(&self) -> bool {
         !self.events.is_empty() || !self.segments.is_empty()

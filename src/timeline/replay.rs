@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::stacks::{StackId, EMPTY_STACK};
-use super::{Action, AllocatorSettings, BlockState, DeviceTimeline, Event, PoolKind, Segment};
+use super::{Action, AllocatorSettings, BlockState, DeviceTimeline, Event, EventAttrTable, PoolKind, Segment};
 
 const MIN_BLOCK: u64 = 512;
 const SMALL_SIZE: u64 = 1 << 20;
@@ -246,7 +246,7 @@ impl State {
     }
 
     /// Applies one event going forward in time.
-    pub fn apply(&mut self, e: &Event, idx: u32, rules: &Rules) -> Result<(), &'static str> {
+    pub fn apply(&mut self, e: &Event, idx: u32, rules: &Rules, attrs: &EventAttrTable) -> Result<(), &'static str> {
         match e.action {
             Action::Alloc => self.alloc(e, idx, rules),
             Action::FreeRequested => {
@@ -272,16 +272,18 @@ impl State {
                 self.merge_free(e.addr);
                 Ok(())
             }
-            Action::SegmentAlloc => self.add_segment(e.addr, e.size, e.stream, e.pool_id(), false),
+            Action::SegmentAlloc => {
+                self.add_segment(e.addr, e.size, attrs.get(e).stream, attrs.get(e).pool_id(), false)
+            }
             Action::SegmentFree => self.remove_segment(e.addr),
-            Action::SegmentMap => self.map(e.addr, e.size, e.stream, e.pool_id()),
+            Action::SegmentMap => self.map(e.addr, e.size, attrs.get(e).stream, attrs.get(e).pool_id()),
             Action::SegmentUnmap => self.unmap(e.addr, e.size),
             Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown => Ok(()),
         }
     }
 
     /// Undoes one event, going backward in time.
-    pub fn unapply(&mut self, e: &Event, rules: &Rules) -> Result<(), &'static str> {
+    pub fn unapply(&mut self, e: &Event, rules: &Rules, attrs: &EventAttrTable) -> Result<(), &'static str> {
         match e.action {
             Action::Alloc => {
                 let b = self.blocks.get_mut(&e.addr).ok_or("alloc (undone) of an address holding no block")?;
@@ -308,9 +310,9 @@ impl State {
             }
             Action::FreeCompleted => self.carve(e, rules),
             Action::SegmentAlloc => self.remove_segment(e.addr),
-            Action::SegmentFree => self.add_segment(e.addr, e.size, e.stream, e.pool_id(), false),
+            Action::SegmentFree => self.add_segment(e.addr, e.size, attrs.get(e).stream, attrs.get(e).pool_id(), false),
             Action::SegmentMap => self.unmap(e.addr, e.size),
-            Action::SegmentUnmap => self.map(e.addr, e.size, e.stream, e.pool_id()),
+            Action::SegmentUnmap => self.map(e.addr, e.size, attrs.get(e).stream, attrs.get(e).pool_id()),
             Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown => Ok(()),
         }
     }
@@ -709,7 +711,8 @@ struct Pass {
     reserved_series: Vec<u64>,
 }
 
-fn forward(events: &[Event], start: State, rules: &Rules) -> Pass {
+fn forward(dev: &DeviceTimeline, start: State, rules: &Rules) -> Pass {
+    let events = &dev.events;
     let mut st = start;
     let mut checkpoints = Vec::with_capacity(events.len() / CHECKPOINT_EVERY + 1);
     let mut anomalies = Vec::new();
@@ -721,7 +724,7 @@ fn forward(events: &[Event], start: State, rules: &Rules) -> Pass {
         if i % CHECKPOINT_EVERY == 0 {
             checkpoints.push(st.clone());
         }
-        if let Err(what) = st.apply(e, i as u32, rules) {
+        if let Err(what) = st.apply(e, i as u32, rules, &dev.event_attrs) {
             anomalies.push(Anomaly { event: i as u32, what });
         }
         if st.allocated > peak_allocated.0 {
@@ -743,7 +746,7 @@ impl<'t> Replay<'t> {
     pub fn new(dev: &'t DeviceTimeline, settings: Option<&AllocatorSettings>) -> Replay<'t> {
         let rules = Rules::new(settings, dev);
         // Most traces with a history start from an empty device: try that first, it needs no extra pass.
-        let mut pass = forward(&dev.events, State::default(), &rules);
+        let mut pass = forward(dev, State::default(), &rules);
         let mut end_mismatch = if dev.events.is_empty() { None } else { pass.end.diff(&dev.segments) };
         let mut completeness = Completeness::default();
         if !dev.events.is_empty() && (!pass.anomalies.is_empty() || end_mismatch.is_some()) {
@@ -753,11 +756,11 @@ impl<'t> Replay<'t> {
                 let mut st = State::from_segments(&dev.segments);
                 let mut undo_anomalies = Vec::new();
                 for (i, e) in dev.events.iter().enumerate().rev() {
-                    if let Err(what) = st.unapply(e, &rules) {
+                    if let Err(what) = st.unapply(e, &rules, &dev.event_attrs) {
                         undo_anomalies.push(Anomaly { event: i as u32, what });
                     }
                 }
-                pass = forward(&dev.events, st, &rules);
+                pass = forward(dev, st, &rules);
                 undo_anomalies.reverse();
                 pass.anomalies.splice(0..0, undo_anomalies);
                 end_mismatch = pass.end.diff(&dev.segments);
@@ -797,7 +800,7 @@ impl<'t> Replay<'t> {
         let mut st = self.checkpoints[k].clone();
         let from = k * CHECKPOINT_EVERY;
         for (i, e) in self.dev.events[from..upto].iter().enumerate() {
-            let _ = st.apply(e, (from + i) as u32, &self.rules);
+            let _ = st.apply(e, (from + i) as u32, &self.rules, &self.dev.event_attrs);
         }
         st
     }
@@ -807,7 +810,7 @@ impl<'t> Replay<'t> {
     pub fn advance(&self, st: &mut State, from: Option<u32>, to: u32) {
         let start = from.map_or(0, |f| f as usize + 1);
         for i in start..=(to as usize).min(self.dev.events.len().saturating_sub(1)) {
-            let _ = st.apply(&self.dev.events[i], i as u32, &self.rules);
+            let _ = st.apply(&self.dev.events[i], i as u32, &self.rules, &self.dev.event_attrs);
         }
     }
 
@@ -863,22 +866,22 @@ mod tests {
         let r = Rules::default();
         let mut st = State::default();
         let a = 0x1000_0000;
-        st.apply(&ev(Action::SegmentAlloc, a, 20 << 20), 0, &r).unwrap();
+        st.apply(&ev(Action::SegmentAlloc, a, 20 << 20), 0, &r, &EventAttrTable::default()).unwrap();
         // Large pool: 19.5 MiB left > 1 MiB, so it splits.
-        st.apply(&ev(Action::Alloc, a, (1 << 20) + 100), 1, &r).unwrap();
+        st.apply(&ev(Action::Alloc, a, (1 << 20) + 100), 1, &r, &EventAttrTable::default()).unwrap();
         assert_eq!(st.allocated, (1 << 20) + 512);
         // Next request leaves 0.9 MiB: no split, the block keeps the remainder.
         let next = a + (1 << 20) + 512;
         let rest = (20 << 20) - (1 << 20) - 512;
-        st.apply(&ev(Action::Alloc, next, rest - 900_000), 2, &r).unwrap();
+        st.apply(&ev(Action::Alloc, next, rest - 900_000), 2, &r, &EventAttrTable::default()).unwrap();
         assert_eq!(st.allocated, 20 << 20);
-        st.apply(&ev(Action::FreeRequested, a, 0), 3, &r).unwrap();
-        st.apply(&ev(Action::FreeCompleted, a, 0), 4, &r).unwrap();
-        st.apply(&ev(Action::FreeCompleted, next, 0), 5, &r).unwrap();
+        st.apply(&ev(Action::FreeRequested, a, 0), 3, &r, &EventAttrTable::default()).unwrap();
+        st.apply(&ev(Action::FreeCompleted, a, 0), 4, &r, &EventAttrTable::default()).unwrap();
+        st.apply(&ev(Action::FreeCompleted, next, 0), 5, &r, &EventAttrTable::default()).unwrap();
         assert_eq!(st.allocated, 0);
         assert_eq!(st.largest_free_block(), 20 << 20);
         assert_eq!(st.block_count(), 1);
-        st.apply(&ev(Action::SegmentFree, a, 20 << 20), 6, &r).unwrap();
+        st.apply(&ev(Action::SegmentFree, a, 20 << 20), 6, &r, &EventAttrTable::default()).unwrap();
         assert_eq!(st.reserved, 0);
     }
 
@@ -887,12 +890,12 @@ mod tests {
         let r = Rules { expandable: true, ..Rules::default() };
         let mut st = State::default();
         let a = 0x7000_0000;
-        st.apply(&ev(Action::SegmentMap, a, 2 << 20), 0, &r).unwrap();
-        st.apply(&ev(Action::SegmentMap, a + (2 << 20), 4 << 20), 1, &r).unwrap();
+        st.apply(&ev(Action::SegmentMap, a, 2 << 20), 0, &r, &EventAttrTable::default()).unwrap();
+        st.apply(&ev(Action::SegmentMap, a + (2 << 20), 4 << 20), 1, &r, &EventAttrTable::default()).unwrap();
         assert_eq!(st.segments.len(), 1);
         assert_eq!(st.largest_free_block(), 6 << 20);
-        st.apply(&ev(Action::Alloc, a, 1 << 20), 2, &r).unwrap();
-        st.apply(&ev(Action::SegmentUnmap, a + (4 << 20), 2 << 20), 3, &r).unwrap();
+        st.apply(&ev(Action::Alloc, a, 1 << 20), 2, &r, &EventAttrTable::default()).unwrap();
+        st.apply(&ev(Action::SegmentUnmap, a + (4 << 20), 2 << 20), 3, &r, &EventAttrTable::default()).unwrap();
         assert_eq!(st.reserved, 4 << 20);
         assert_eq!(st.largest_free_block(), 3 << 20);
     }

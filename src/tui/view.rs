@@ -352,7 +352,7 @@ fn draw_pools(f: &mut Frame, app: &App, area: Rect) {
                 bytes(st.largest_free_block()),
                 if fits { "it fits another pool or stream only" } else { "too small" }
             )));
-            if let Some(free) = e.device_free() {
+            if let Some(free) = d.replay.device().attrs(e).device_free() {
                 lines.push(Line::from(format!("the driver had {} free", bytes(free))));
             }
         }
