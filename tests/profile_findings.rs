@@ -130,6 +130,21 @@ fn nsys_micro_batches_without_input_copies_and_with_loss_logging() {
 }
 
 #[test]
+fn nsys_nvtx_ranges_alone_give_an_info_to_check() {
+    // Kernels per NVTX step range, no GPU trace: 8 all-reduces per step is worth checking (info: several gradient
+    // buckets launch several too); 1 per step is not.
+    let v = json(&["fixtures/profilers/nccl2x_nvtxkernsum.csv"]);
+    assert_eq!(rules_fired(&v), ["missing-no-sync:info"]);
+    let m = v["findings"][0]["message"].as_str().unwrap();
+    assert!(m.starts_with("NVTX range \"step0\" ran 8 NCCL all-reduce launches per instance"), "{m}");
+    let v = json(&["fixtures/profilers/nccl2x_nosync_nvtxkernsum.csv"]);
+    assert_eq!(rules_fired(&v), Vec::<String>::new());
+    // With a GPU trace the trace decides: no info beside the trace's verdict.
+    let v = json(&["fixtures/profilers/nccl2x_nvtxkernsum.csv", "fixtures/profilers/ddp_nosync_cuda_gpu_trace.csv"]);
+    assert_eq!(rules_fired(&v), Vec::<String>::new());
+}
+
+#[test]
 fn nsys_capture_files_read_together() {
     // The capture's sibling report files given at once: one profile, the kernel summary's counts, the API
     // summary's allocator calls, the trace's steps.

@@ -291,6 +291,11 @@ pub fn facts(s: &ProfileSummary, f: &mut Facts) {
             "GPU time in NCCL collective kernels",
         );
     }
+    f.flag(
+        "nsys.steps_known",
+        s.steps.is_some(),
+        "a GPU trace showed optimizer steps and all-reduces (the per-step facts below exist)",
+    );
     if let Some(st) = &s.steps {
         f.num("nsys.optimizer_steps", st.steps as f64, Unit::Count, "optimizer steps in the GPU trace");
         f.num("nsys.steps_with_allreduce", st.steps_with_allreduce as f64, Unit::Count, "steps that all-reduced");
@@ -317,7 +322,9 @@ pub fn facts(s: &ProfileSummary, f: &mut Facts) {
         .collectives_per_nvtx_range
         .iter()
         .filter(|r| r.op == CollectiveOp::AllReduce && r.range_instances > 0)
-        .max_by(|a, b| (a.launches / a.range_instances).cmp(&(b.launches / b.range_instances)))
+        // The first range with the most per instance.
+        .rev()
+        .max_by(|a, b| (a.launches * b.range_instances).cmp(&(b.launches * a.range_instances)))
     {
         f.num(
             "nsys.allreduce_per_nvtx_range",

@@ -322,10 +322,11 @@ pub fn profile_lines(p: &ProfileSummary) -> Vec<String> {
     }
     for r in p.collectives_per_nvtx_range.iter().take(5) {
         out.push(format!(
-            "NVTX range {:?}: {} {} launches over {} instance{}",
+            "NVTX range {:?}: {} {} launch{} over {} instance{}",
             r.range,
             r.launches,
             r.op.name(),
+            if r.launches == 1 { "" } else { "es" },
             r.range_instances,
             if r.range_instances == 1 { "" } else { "s" }
         ));

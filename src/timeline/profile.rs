@@ -1216,12 +1216,14 @@ pub enum MicrobatchCue {
 }
 
 /// Kernels of an optimizer step: PyTorch's foreach and fused optimizers (and the gradient clipping and AMP
-/// unscaling that run right before them) all launch `multi_tensor_apply_kernel`; apex's and DeepSpeed's fused
-/// Adam/LAMB name themselves. A step written as plain per-parameter loops is not recognised.
+/// unscaling that run right before them) all launch `multi_tensor_apply_kernel`; fused and hand-written optimizer
+/// kernels (apex, DeepSpeed, bitsandbytes, Triton) name their algorithm. A step written as plain elementwise
+/// kernels is not recognised.
 pub fn is_optimizer_kernel(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    n.contains("multi_tensor_apply")
-        || ["fused_adam", "fusedadam", "multi_tensor_adam", "multi_tensor_lamb", "adam_kernel", "lamb_kernel"]
+    let n = short_kernel_name(name).to_ascii_lowercase();
+    let full = name.to_ascii_lowercase();
+    full.contains("multi_tensor_apply")
+        || ["adam", "sgd", "lamb", "adagrad", "rmsprop", "adafactor", "optimizer", "optim_"]
             .iter()
             .any(|o| n.contains(o))
 }
@@ -1332,6 +1334,29 @@ mod tests {
         );
         assert_eq!(short("ampere_sgemm_32x32_sliced1x4_tn"), "ampere_sgemm_32x32_sliced1x4_tn");
         assert_eq!(short("void <unnamed>::oneRankReduce<FuncPreMulSum<float>>(void *, void *)"), "oneRankReduce");
+    }
+
+    #[test]
+    fn optimizer_kernels() {
+        for k in [
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>>(T1, T2)",
+            "void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>, float>(int, int volatile *, T1, T2, T3)",
+            "void at::native::(anonymous namespace)::fused_sgd_kernel<float>(float *, float *, float)",
+            "kOptimizer32bit2State<float, 0>",
+            "void kOptimizerStatic8bit2State<__half, 0>(T2 *, T2 *, unsigned char *)",
+            "_fused_adamw_kernel",
+            "lamb_stage1_kernel",
+        ] {
+            assert!(is_optimizer_kernel(k), "{k}");
+        }
+        for k in [
+            "ampere_sgemm_32x32_sliced1x4_tn",
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char *, 3>>(int, T2, T3)",
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(T1::Params)",
+        ] {
+            assert!(!is_optimizer_kernel(k), "{k}");
+        }
     }
 
     #[test]
