@@ -858,3 +858,25 @@ fn ncu_2023_human_readable_page() {
     assert_eq!(g.name, "nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_NTN");
     assert_eq!((g.sm_throughput_pct(), g.duration_ns()), (Some(88.64), Some(1_200_000.0)));
 }
+
+#[test]
+fn ncu_human_page_name_and_unit_one_space_apart() {
+    // Both the name and the unit fill their columns: one space between them; the rule's middle column says where
+    // the unit is.
+    let text = "  k (1, 1, 1)x(32, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n\
+                \x20   Section: Memory Workload Analysis\n\
+                \x20   ---------------------------- ------------ ------------\n\
+                \x20   Metric Name                   Metric Unit Metric Value\n\
+                \x20   ---------------------------- ------------ ------------\n\
+                \x20   Memory Throughput Per Second Gbyte/second     1,234.50\n\
+                \x20   Mem Busy                                %        41.20\n\
+                \x20   ---------------------------- ------------ ------------\n\
+                \x20   WRN   Advice below a table is not a metric.\n";
+    let d = ncu::parse(text, None).unwrap();
+    no_malformed(&d);
+    let k = kernel(&d, 0);
+    let m = k.metric("Memory Throughput Per Second").expect("name without the unit");
+    assert_eq!((m.unit.as_str(), m.value), ("Gbyte/second", Some(1234.5)));
+    assert_eq!(k.metric_f64("Mem Busy"), Some(41.2));
+    assert_eq!(k.metrics.len(), 2);
+}

@@ -140,9 +140,7 @@ pub fn sniff_file(path: &Path) -> Result<Kind, Error> {
         // A pickle too short to hold anything: let the snapshot reader say what is missing.
         return Ok(Kind::Snapshot);
     }
-    let mut sqlite_head = [0u8; 16];
-    let m = File::open(path).and_then(|mut f| f.read(&mut sqlite_head)).map_err(io_err)?;
-    if nsys_sqlite::sniff(&sqlite_head[..m]) {
+    if is_sqlite(path)? {
         return Ok(Kind::Nsys);
     }
     let text = read_all(path)?;
@@ -251,6 +249,15 @@ fn read_nvidia_smi(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> 
     Ok(())
 }
 
+/// Whether a file starts with the SQLite header (an `nsys export --type sqlite` database, if anything we read).
+fn is_sqlite(path: &Path) -> Result<bool, Error> {
+    let mut head = [0u8; 16];
+    let n = File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+    Ok(nsys_sqlite::sniff(&head[..n]))
+}
+
 fn profile_input(path: &Path, kind: &'static str, bytes: u64, sources: &[ProfileSource]) -> InputInfo {
     let several = sources.len() > 1;
     let mut info = InputInfo {
@@ -278,11 +285,7 @@ fn profile_malformed(sources: &[ProfileSource]) -> Vec<Malformed> {
 /// An `nsys stats` report file (read with its siblings at the end) or an SQLite export (read now).
 fn read_nsys(path: &Path, strict: bool, out: &mut TextArtifacts) -> Result<(), Error> {
     let shown = path.display().to_string();
-    let mut head = [0u8; 16];
-    let n = File::open(path)
-        .and_then(|mut f| f.read(&mut head))
-        .map_err(|source| Error::Io { path: shown.clone(), source })?;
-    if nsys_sqlite::sniff(&head[..n]) {
+    if is_sqlite(path)? {
         let data = nsys_sqlite::read(path).map_err(|message| Error::Input { path: shown.clone(), message })?;
         let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
         let mut info = profile_input(path, "nsys_sqlite", bytes, &data.sources);

@@ -292,9 +292,17 @@ fn read_human(lines: &[(usize, String)], data: &mut ProfileData, src: &mut Profi
             Some((l, v)) => (l.trim_end(), v.trim()),
             None => ("", body),
         };
-        let (name, unit) = match left.rfind("  ") {
-            Some(i) => (left[..i].trim(), left[i..].trim()),
-            None => (left.trim(), ""),
+        // Name and unit set apart by one space only (both filling their columns): the unit is what the rule's
+        // middle column holds.
+        let unit_in_column = spans
+            .as_ref()
+            .and_then(|sp| line.get(sp[1].0..sp[1].1.min(line.len())))
+            .map(str::trim)
+            .filter(|u| !u.is_empty() && !u.contains(' ') && left.ends_with(&format!(" {u}")));
+        let (name, unit) = match (left.rfind("  "), unit_in_column) {
+            (Some(i), _) => (left[..i].trim(), left[i..].trim()),
+            (None, Some(u)) => (left[..left.len() - u.len()].trim(), u),
+            (None, None) => (left.trim(), ""),
         };
         if name.is_empty() || value.is_empty() {
             src.malformed.push(bad(*no, "a metric row: name, unit, value", line));

@@ -385,21 +385,12 @@ impl RuleSet {
                     };
                     members.sort_by(|a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
                 }
-                let mut facts = job.clone();
-                for (k, f) in items[members[0]].iter() {
-                    facts.insert(k, f.clone());
-                }
+                let mut facts = with_job(&items[members[0]], job);
                 let item_template = case.item.clone().unwrap_or_else(|| format!("{{{name_fact}}}"));
                 let mut list: Vec<String> = members
                     .iter()
                     .take(GROUP_LIST_ITEMS)
-                    .map(|&i| {
-                        let mut f = job.clone();
-                        for (k, v) in items[i].iter() {
-                            f.insert(k, v.clone());
-                        }
-                        render_template(&item_template, &f)
-                    })
+                    .map(|&i| render_template(&item_template, &with_job(&items[i], job)))
                     .collect();
                 if members.len() > GROUP_LIST_ITEMS {
                     list.push(format!("and {} more", members.len() - GROUP_LIST_ITEMS));
@@ -421,7 +412,7 @@ impl RuleSet {
                     .map(|&i| {
                         let mut m = BTreeMap::new();
                         for n in &names {
-                            if let Some(f) = items[i].get(n) {
+                            if let Some(f) = items[i].get(n).or_else(|| job.get(n)) {
                                 m.insert(n.clone(), f.to_json());
                             }
                         }
@@ -466,6 +457,15 @@ impl RuleSet {
         }
         sort_findings(&mut a.findings);
     }
+}
+
+/// One item's facts with the job's behind them (the item's win).
+fn with_job(item: &Facts, job: &Facts) -> Facts {
+    let mut f = job.clone();
+    for (k, v) in item.iter() {
+        f.insert(k, v.clone());
+    }
+    f
 }
 
 /// Most important first: errors before warnings before info, then by device, then by rule order.
