@@ -164,6 +164,8 @@ impl EventAttrs {
 pub struct EventAttrTable {
     list: Vec<EventAttrs>,
     index: rustc_hash::FxHashMap<EventAttrs, u32>,
+    /// The attributes given last and their index.
+    last: (EventAttrs, u32),
 }
 
 /// An event's attribute index has 24 bits.
@@ -172,7 +174,7 @@ const MAX_ATTRS: usize = 1 << 24;
 impl Default for EventAttrTable {
     fn default() -> Self {
         let d = EventAttrs::default();
-        EventAttrTable { list: vec![d], index: [(d, 0)].into_iter().collect() }
+        EventAttrTable { list: vec![d], index: [(d, 0)].into_iter().collect(), last: (d, 0) }
     }
 }
 
@@ -184,6 +186,11 @@ impl EventAttrTable {
     /// Gives `e` these attributes. Fails past 16.7 million distinct ones (a trace of nothing but OOMs, each with
     /// its own free figure).
     pub fn assign(&mut self, e: &mut Event, a: EventAttrs) -> Result<(), String> {
+        // Consecutive events mostly share their attributes: check the last one before hashing.
+        if self.last.0 == a {
+            e.set_attrs_id(self.last.1);
+            return Ok(());
+        }
         let id = match self.index.get(&a) {
             Some(&id) => id,
             None => {
@@ -196,6 +203,7 @@ impl EventAttrTable {
                 id
             }
         };
+        self.last = (a, id);
         e.set_attrs_id(id);
         Ok(())
     }
