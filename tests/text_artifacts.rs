@@ -132,13 +132,21 @@ fn fragmentation_from_the_oom_message_alone() {
 }
 
 #[test]
-fn a_log_with_no_oom_is_not_recognised_unless_forced() {
+fn a_log_with_no_oom_is_read_as_a_log_when_named_like_one() {
+    // `train.log` of a run that did not fail: read, and the report says there was no OOM in it.
     let (_d, path) = temp("train.log", "step 1 loss 2.0\nstep 2 loss 1.9\n");
-    let o = oomdoc(&["analyze", &path]);
+    let t = text(&[&path]);
+    assert!(t.contains("no out-of-memory report"), "{t}");
+    // Beside a snapshot it does not stop the analysis.
+    let o = oomdoc(&["analyze", "fixtures/real-gpu/healthy/snapshot.pickle", "fixtures/real-gpu/healthy/stderr.log"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Text named otherwise must be recognised (or forced with --kind log).
+    let (_d2, notes) = temp("notes.md", "step 1 loss 2.0\nstep 2 loss 1.9\n");
+    let o = oomdoc(&["analyze", &notes]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(e.contains("not a recognised artifact") && e.contains("--kind"), "{e}");
-    let t = text(&[&path, "--kind", "log"]);
+    let t = text(&[&notes, "--kind", "log"]);
     assert!(t.contains("no out-of-memory report"), "{t}");
 }
 

@@ -102,7 +102,7 @@ pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> Result<Vec<
         }
         match opts.kind.map_or_else(|| sniff_file(path), Ok)? {
             Kind::Snapshot => snapshots.push(load(path, opts.show_progress)?),
-            Kind::Log => read_text(path, opts, &mut text, opts.kind == Some(Kind::Log))?,
+            Kind::Log => read_text(path, opts, &mut text)?,
             Kind::NvidiaSmi => read_nvidia_smi(path, opts, &mut text)?,
             Kind::Nsys => read_nsys(path, opts.strict, &mut text)?,
             Kind::Ncu => read_ncu(path, opts, &mut text)?,
@@ -159,6 +159,12 @@ pub fn sniff_file(path: &Path) -> Result<Kind, Error> {
     if nvidia_smi::sniff(&text) {
         return Ok(Kind::NvidiaSmi);
     }
+    let binary = text.contains('\u{fffd}') || head.iter().any(|&b| b < 0x09);
+    // A job's log that holds no OOM message is still its log: named like one, it is read as one (and says so).
+    let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
+    if n > 0 && !binary && matches!(ext.as_str(), "log" | "out" | "err" | "stderr" | "stdout") {
+        return Ok(Kind::Log);
+    }
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     let shown_first: String = first.chars().take(60).collect();
     Err(Error::Input {
@@ -170,7 +176,7 @@ pub fn sniff_file(path: &Path) -> Result<Kind, Error> {
              which it is.",
             if n == 0 {
                 "an empty file".to_string()
-            } else if text.contains('\u{fffd}') || head.iter().any(|&b| b < 0x09) {
+            } else if binary {
                 format!("binary data starting {}", describe_start(&head))
             } else {
                 format!("text starting {shown_first:?}")
@@ -179,7 +185,7 @@ pub fn sniff_file(path: &Path) -> Result<Kind, Error> {
     })
 }
 
-fn read_text(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts, forced: bool) -> Result<(), Error> {
+fn read_text(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
     let shown = path.display().to_string();
     let text = read_all(path)?;
     let mut info = InputInfo {
@@ -217,7 +223,7 @@ fn read_text(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts, forced: b
         }
         info.read.push(format!("vLLM: {}", parts.join(", ")));
     }
-    if info.read.is_empty() && forced {
+    if info.read.is_empty() {
         info.read.push("no out-of-memory report and no vLLM KV-cache line".into());
     }
     note_malformed(&mut info, log.malformed, opts.strict)?;
