@@ -276,10 +276,30 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
 
     // Memory outside PyTorch.
     super::observed::outside_pytorch_facts(&mut f, r, cx.gpu_memory);
+    // Every later pass asks "what kind of allocation is this event?": answer once per event, classifying each
+    // stack once (stack ids are dense, so a table indexed by them does it without hashing).
+    const UNSET: u8 = u8::MAX - 1;
+    let mut by_stack: Vec<u8> = Vec::new();
+    let kinds: Vec<u8> = events
+        .iter()
+        .map(|e| {
+            if e.stack == EMPTY_STACK {
+                return NONE;
+            }
+            let s = e.stack as usize;
+            if s >= by_stack.len() {
+                by_stack.resize(s + 1, UNSET);
+            }
+            if by_stack[s] == UNSET {
+                by_stack[s] = kind_index(cats.of(e.stack));
+            }
+            by_stack[s]
+        })
+        .collect();
+    let comm = kind_index("communication");
     f.flag(
         "nccl.seen",
-        events.iter().any(|e| e.stack != EMPTY_STACK && cats.of(e.stack) == "communication")
-            || cx.dev.segments.iter().any(|s| cats.of(s.stack) == "communication"),
+        kinds.contains(&comm) || cx.dev.segments.iter().any(|s| cats.of(s.stack) == "communication"),
         "NCCL / c10d frames appear in the file",
     );
 
@@ -287,9 +307,6 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
         return f;
     }
     segment_facts(&mut f, events);
-    // Every later pass asks "what kind of allocation is this event?": answer once per event.
-    let kinds: Vec<u8> =
-        events.iter().map(|e| if e.stack == EMPTY_STACK { NONE } else { kind_index(cats.of(e.stack)) }).collect();
     let cx = &Ctx { cx, kinds: &kinds };
     let steps = optimizer_steps(cx);
     f.num("iter.count", steps.len() as f64, Unit::Count, "optimizer steps seen (clusters of torch.optim allocations)");
