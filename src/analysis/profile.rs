@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::facts::{Facts, Unit};
 use crate::timeline::profile::{
-    AllocatorCalls, CollectiveCount, CollectiveOp, CopyDirection, DriverMemoryEvent, DriverMemoryOp, NcuKernel,
+    top_by, AllocatorCalls, CollectiveCount, CollectiveOp, CopyDirection, DriverMemoryEvent, DriverMemoryOp, NcuKernel,
     ProfileData, RangeCollectives, StepCounts,
 };
 
@@ -122,14 +122,6 @@ fn row(index: usize, k: &NcuKernel) -> NcuRow {
     }
 }
 
-/// The `n` rows with the largest key, ties in launch order; rows without the key are left out.
-fn top_rows(rows: &[NcuRow], n: usize, key: impl Fn(&NcuRow) -> Option<f64>) -> Vec<NcuRow> {
-    let mut keyed: Vec<(f64, &NcuRow)> =
-        rows.iter().filter_map(|r| key(r).filter(|v| v.is_finite()).map(|v| (v, r))).collect();
-    keyed.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.index.cmp(&b.1.index)));
-    keyed.into_iter().take(n).map(|(_, r)| r.clone()).collect()
-}
-
 fn driver_memory(p: &ProfileData) -> Vec<DriverMemory> {
     // Pinned and pageable allocations are host memory, whatever device they were registered with.
     let on_device = |e: &&DriverMemoryEvent| {
@@ -229,8 +221,8 @@ pub fn summarize(p: &ProfileData, top: usize) -> Option<ProfileSummary> {
         NcuSummary {
             kernels: rows.len(),
             classes: Vec::new(),
-            by_time: top_rows(&rows, top, |r| r.duration_ns),
-            by_dram_bytes: top_rows(&rows, top, |r| r.dram_bytes),
+            by_time: top_by(&rows, top, |r| r.duration_ns).into_iter().cloned().collect(),
+            by_dram_bytes: top_by(&rows, top, |r| r.dram_bytes).into_iter().cloned().collect(),
         }
     });
     Some(ProfileSummary {

@@ -100,12 +100,19 @@ pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> Result<Vec<
             read_nsys_dir(path, opts, &mut text)?;
             continue;
         }
-        match opts.kind.map_or_else(|| sniff_file(path), Ok)? {
+        // Sniffing a text artifact reads it whole: its reader gets that text rather than reading the file again.
+        let (kind, content) = match opts.kind {
+            Some(k) => (k, None),
+            None => sniff(path)?,
+        };
+        let content = || content.map_or_else(|| read_all(path), Ok);
+        match kind {
             Kind::Snapshot => snapshots.push(load(path, opts.show_progress)?),
-            Kind::Log => read_text(path, opts, &mut text)?,
-            Kind::NvidiaSmi => read_nvidia_smi(path, opts, &mut text)?,
-            Kind::Nsys => read_nsys(path, opts.strict, &mut text)?,
-            Kind::Ncu => read_ncu(path, opts, &mut text)?,
+            Kind::Log => read_text(path, content()?, opts, &mut text)?,
+            Kind::NvidiaSmi => read_nvidia_smi(path, content()?, opts, &mut text)?,
+            Kind::Nsys if is_sqlite(path)? => read_nsys_sqlite(path, opts.strict, &mut text)?,
+            Kind::Nsys => read_nsys(path, content()?, &mut text),
+            Kind::Ncu => read_ncu(path, content()?, opts, &mut text)?,
         }
     }
     finish_nsys_files(opts, &mut text)?;
@@ -129,41 +136,46 @@ fn read_all(path: &Path) -> Result<String, Error> {
 
 /// Recognises a file by its first bytes (a pickle, an SQLite database) or by what its text holds.
 pub fn sniff_file(path: &Path) -> Result<Kind, Error> {
+    sniff(path).map(|(kind, _)| kind)
+}
+
+/// [`sniff_file`], also handing back the text when it had to read the file whole to decide.
+fn sniff(path: &Path) -> Result<(Kind, Option<String>), Error> {
     let shown = path.display().to_string();
     let io_err = |source| Error::Io { path: shown.clone(), source };
     let mut head = [0u8; 2];
     let n = File::open(path).and_then(|mut f| f.read(&mut head)).map_err(io_err)?;
     if n == 2 && snapshot::sniff(&head) {
-        return Ok(Kind::Snapshot);
+        return Ok((Kind::Snapshot, None));
     }
     if n > 0 && head[0] == 0x80 {
         // A pickle too short to hold anything: let the snapshot reader say what is missing.
-        return Ok(Kind::Snapshot);
+        return Ok((Kind::Snapshot, None));
     }
     if is_sqlite(path)? {
-        return Ok(Kind::Nsys);
+        return Ok((Kind::Nsys, None));
     }
     let text = read_all(path)?;
     // Profiler exports first: their header rows are specific, and a console capture may quote the profiled
     // program's own output (an OOM message included).
     if ncu::sniff(&text) {
-        return Ok(Kind::Ncu);
+        return Ok((Kind::Ncu, Some(text)));
     }
     let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     if nsys::sniff(&text) || (text.trim().is_empty() && nsys::is_report_file_name(&file_name)) {
-        return Ok(Kind::Nsys);
+        return Ok((Kind::Nsys, Some(text)));
     }
     if oom_log::sniff(&text) || vllm_log::sniff(&text) {
-        return Ok(Kind::Log);
+        return Ok((Kind::Log, Some(text)));
     }
     if nvidia_smi::sniff(&text) {
-        return Ok(Kind::NvidiaSmi);
+        return Ok((Kind::NvidiaSmi, Some(text)));
     }
     let binary = text.contains('\u{fffd}') || head.iter().any(|&b| b < 0x09);
     // A job's log that holds no OOM message is still its log: named like one, it is read as one (and says so).
     let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
     if n > 0 && !binary && matches!(ext.as_str(), "log" | "out" | "err" | "stderr" | "stdout") {
-        return Ok(Kind::Log);
+        return Ok((Kind::Log, Some(text)));
     }
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     let shown_first: String = first.chars().take(60).collect();
@@ -185,9 +197,8 @@ pub fn sniff_file(path: &Path) -> Result<Kind, Error> {
     })
 }
 
-fn read_text(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
+fn read_text(path: &Path, text: String, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
     let shown = path.display().to_string();
-    let text = read_all(path)?;
     let mut info = InputInfo {
         path: shown.clone(),
         kind: "log",
@@ -233,8 +244,7 @@ fn read_text(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> Result
     Ok(())
 }
 
-fn read_nvidia_smi(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
-    let text = read_all(path)?;
+fn read_nvidia_smi(path: &Path, text: String, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
     let p = nvidia_smi::parse(&text, out.inputs.len(), opts.columns.as_deref());
     let mut info = InputInfo {
         path: path.display().to_string(),
@@ -289,18 +299,21 @@ fn profile_malformed(sources: &[ProfileSource]) -> Vec<Malformed> {
 }
 
 /// An `nsys stats` report file (read with its siblings at the end) or an SQLite export (read now).
-fn read_nsys(path: &Path, strict: bool, out: &mut TextArtifacts) -> Result<(), Error> {
+/// An `nsys export --type sqlite` database: read now.
+fn read_nsys_sqlite(path: &Path, strict: bool, out: &mut TextArtifacts) -> Result<(), Error> {
     let shown = path.display().to_string();
-    if is_sqlite(path)? {
-        let data = nsys_sqlite::read(path).map_err(|message| Error::Input { path: shown.clone(), message })?;
-        let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
-        let mut info = profile_input(path, "nsys_sqlite", bytes, &data.sources);
-        note_malformed(&mut info, profile_malformed(&data.sources), strict)?;
-        out.profile.merge(data);
-        out.inputs.push(info);
-        return Ok(());
-    }
-    let text = read_all(path)?;
+    let data = nsys_sqlite::read(path).map_err(|message| Error::Input { path: shown, message })?;
+    let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+    let mut info = profile_input(path, "nsys_sqlite", bytes, &data.sources);
+    note_malformed(&mut info, profile_malformed(&data.sources), strict)?;
+    out.profile.merge(data);
+    out.inputs.push(info);
+    Ok(())
+}
+
+/// An `nsys stats` report file: read with its siblings at the end.
+fn read_nsys(path: &Path, text: String, out: &mut TextArtifacts) {
+    let shown = path.display().to_string();
     // The whole path names the report (its file name says which report it is): two ranks' same-named files stay
     // apart.
     let name = shown.clone();
@@ -312,7 +325,6 @@ fn read_nsys(path: &Path, strict: bool, out: &mut TextArtifacts) -> Result<(), E
         ..InputInfo::default()
     });
     out.nsys_files.push((out.inputs.len() - 1, name, text));
-    Ok(())
 }
 
 fn finish_nsys_files(opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
@@ -349,9 +361,8 @@ fn read_nsys_dir(dir: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> Res
     Ok(())
 }
 
-fn read_ncu(path: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
+fn read_ncu(path: &Path, text: String, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
     let shown = path.display().to_string();
-    let text = read_all(path)?;
     let name = path.file_name().map_or_else(|| shown.clone(), |n| n.to_string_lossy().into_owned());
     let data = ncu::parse(&text, Some(&name)).map_err(|message| Error::Input { path: shown.clone(), message })?;
     let mut info = profile_input(path, "ncu", text.len() as u64, &data.sources);

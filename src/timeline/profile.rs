@@ -1261,7 +1261,7 @@ impl StepStructure {
 }
 
 /// The `n` items with the largest key, ties in input order; items without a key are left out.
-fn top_by<T>(items: &[T], n: usize, key: impl Fn(&T) -> Option<f64>) -> Vec<&T> {
+pub fn top_by<T>(items: &[T], n: usize, key: impl Fn(&T) -> Option<f64>) -> Vec<&T> {
     let mut keyed: Vec<(f64, usize, &T)> =
         items.iter().enumerate().filter_map(|(i, t)| key(t).filter(|v| v.is_finite()).map(|v| (v, i, t))).collect();
     keyed.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
