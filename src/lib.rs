@@ -5,6 +5,7 @@
 
 pub mod analysis;
 pub mod budget;
+pub mod huge_pages;
 pub mod ingest;
 pub mod report;
 pub mod rules;

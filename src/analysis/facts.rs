@@ -337,12 +337,6 @@ impl<'a> std::ops::Deref for Ctx<'a> {
     }
 }
 
-impl Ctx<'_> {
-    fn is(&self, i: usize, kind: &str) -> bool {
-        self.kinds[i] != NONE && CATEGORIES[self.kinds[i] as usize] == kind
-    }
-}
-
 fn stack_matches(tl: &Timeline, stack: StackId, pred: fn(&str, &str) -> bool) -> bool {
     tl.stacks.stack(stack).iter().any(|&id| {
         let fr = tl.stacks.frame(id);
@@ -359,11 +353,20 @@ fn is_attention_frame(file: &str, name: &str) -> bool {
 }
 
 fn segment_facts(f: &mut Facts, events: &[crate::timeline::Event]) {
-    let count = |a: Action| events.iter().filter(|e| e.action == a).count() as f64;
-    let (alloc, free) = (count(Action::SegmentAlloc), count(Action::SegmentFree));
+    let (mut alloc, mut free, mut freed) = (0usize, 0usize, 0u64);
+    for e in events {
+        match e.action {
+            Action::SegmentAlloc => alloc += 1,
+            Action::SegmentFree => {
+                free += 1;
+                freed += e.size;
+            }
+            _ => {}
+        }
+    }
+    let (alloc, free) = (alloc as f64, free as f64);
     f.num("segments.alloc_events", alloc, Unit::Count, "cudaMalloc calls (segment_alloc) in the trace");
     f.num("segments.free_events", free, Unit::Count, "cudaFree calls (segment_free) in the trace");
-    let freed: u64 = events.iter().filter(|e| e.action == Action::SegmentFree).map(|e| e.size).sum();
     f.num("segments.freed_bytes", freed as f64, Unit::Bytes, "bytes given back to the driver in the trace");
     let span = events.len().max(1) as f64;
     f.num("segments.free_events_per_1k", free * 1000.0 / span, Unit::Plain, "segment_free per 1000 events");
@@ -375,11 +378,12 @@ fn optimizer_steps(cx: &Ctx) -> Vec<usize> {
     let mut ends = Vec::new();
     let mut in_step = false;
     let mut last = 0;
+    let optimizer = kind_index("optimizer_state");
     for (i, e) in cx.dev.events.iter().enumerate() {
         if e.action != Action::Alloc {
             continue;
         }
-        let opt = cx.is(i, "optimizer_state");
+        let opt = cx.kinds[i] == optimizer;
         if opt {
             in_step = true;
             last = i;
@@ -574,6 +578,7 @@ fn ddp_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
     let mut forwards_per_step = Vec::new();
     let mut start = 0;
     let mut comm_allocs = 0usize;
+    let [comm, activation, gradient] = ["communication", "activation", "gradient"].map(kind_index);
     for &end in steps {
         let (mut bursts, mut forwards) = (0usize, 0usize);
         let mut in_comm = false;
@@ -583,9 +588,9 @@ fn ddp_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
                 continue;
             }
             // The autograd engine allocates from its own thread: without C++ frames its stacks are empty.
-            let kind = if cx.kinds[i] == NONE { "gradient" } else { CATEGORIES[cx.kinds[i] as usize] };
+            let kind = if cx.kinds[i] == NONE { gradient } else { cx.kinds[i] };
             match kind {
-                "communication" => {
+                _ if kind == comm => {
                     comm_allocs += 1;
                     if !in_comm {
                         bursts += 1;
@@ -593,7 +598,7 @@ fn ddp_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
                     in_comm = true;
                     in_fwd = false;
                 }
-                "activation" => {
+                _ if kind == activation => {
                     if !in_fwd {
                         forwards += 1;
                     }
@@ -601,7 +606,7 @@ fn ddp_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
                     in_comm = false;
                 }
                 // A backward pass separates one micro-batch's forward from the next.
-                "gradient" => in_fwd = false,
+                _ if kind == gradient => in_fwd = false,
                 _ => {}
             }
         }
@@ -685,10 +690,20 @@ fn kv_facts(f: &mut Facts, cx: &Ctx) {
 fn compile_facts(f: &mut Facts, cx: &Ctx) {
     let events = &cx.dev.events;
     let na = cx.tl.strings.lookup("N/A");
-    let in_compile = |i: usize| {
-        let cc = cx.dev.attrs(&events[i]).compile_context;
-        (cc != NO_STR && Some(cc) != na && !cx.tl.str(cc).is_empty()) || cx.is(i, "compile")
-    };
+    // Few distinct attribute sets: judge each one's compile context once.
+    let compiling: Vec<bool> = cx
+        .dev
+        .event_attrs
+        .all()
+        .iter()
+        .map(|a| {
+            let cc = a.compile_context;
+            cc != NO_STR && Some(cc) != na && !cx.tl.str(cc).is_empty()
+        })
+        .collect();
+    let compile = kind_index("compile");
+    let in_compile =
+        |i: usize| compiling.get(events[i].attrs_id() as usize).copied().unwrap_or(false) || cx.kinds[i] == compile;
     let compile_idx: Vec<usize> = (0..events.len()).filter(|&i| in_compile(i)).collect();
     f.flag("compile.seen", !compile_idx.is_empty(), "torch.compile (dynamo/inductor) activity in the trace");
     let Some(&last_compile) = compile_idx.last() else { return };

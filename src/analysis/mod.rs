@@ -461,10 +461,12 @@ fn analyze_device(
         a.stack = stack_frames(tl, a.stack_id).iter().map(FrameView::full).collect();
     }
 
-    let mut actions: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut counts = [0usize; Action::Unknown as usize + 1];
     for e in events {
-        *actions.entry(e.action.name()).or_default() += 1;
+        counts[e.action as usize] += 1;
     }
+    let actions: BTreeMap<&'static str, usize> =
+        Action::ALL.iter().filter(|&&a| counts[a as usize] > 0).map(|&a| (a.name(), counts[a as usize])).collect();
     let first_time_us = events.iter().find_map(|e| e.time_us());
     let last_time_us = events.iter().rev().find_map(|e| e.time_us());
     let trace = TraceReport {

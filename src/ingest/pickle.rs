@@ -98,7 +98,79 @@ pub struct Tuple {
 #[derive(Debug, Default)]
 pub struct List {
     pub depth: u32,
-    pub items: Vec<Value>,
+    items: Vec<Value>,
+    /// A list of nothing but `Custom(kind, first)`, `Custom(kind, first + 1)`, … is kept as that run, with
+    /// `items` empty: a device's million trace entries would otherwise be 16 MB of items saying 0, 1, 2, …
+    run: Option<Run>,
+}
+
+/// `len` values `Custom(kind, first + i)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub kind: u8,
+    pub first: u32,
+    pub len: u32,
+}
+
+impl Run {
+    /// The run `items` are, if they are one.
+    fn of(items: &[Value]) -> Option<Run> {
+        let Some(&Value::Custom(kind, first)) = items.first() else { return None };
+        let len = u32::try_from(items.len()).ok()?;
+        first.checked_add(len)?;
+        let consecutive =
+            items.iter().zip(first..).all(|(v, i)| matches!(*v, Value::Custom(k, j) if k == kind && j == i));
+        consecutive.then_some(Run { kind, first, len })
+    }
+
+    fn values(self) -> impl Iterator<Item = Value> {
+        (self.first..self.first + self.len).map(move |i| Value::Custom(self.kind, i))
+    }
+}
+
+impl List {
+    fn new(depth: u32, stack: &mut Vec<Value>, at: usize) -> List {
+        match Run::of(&stack[at..]) {
+            Some(run) => {
+                stack.truncate(at);
+                List { depth, items: Vec::new(), run: Some(run) }
+            }
+            None => List { depth, items: stack.split_off(at), run: None },
+        }
+    }
+
+    /// Moves `stack[at..]` to the end of the list.
+    fn append(&mut self, stack: &mut Vec<Value>, at: usize) {
+        let new = &stack[at..];
+        match self.run {
+            Some(ref mut r) => {
+                match Run::of(new) {
+                    Some(n) if n.kind == r.kind && n.first == r.first + r.len => {
+                        r.len += n.len;
+                        stack.truncate(at);
+                        return;
+                    }
+                    _ => {}
+                }
+                let r = self.run.take().expect("matched");
+                self.items = r.values().collect();
+            }
+            None if self.items.is_empty() => {
+                if let Some(run) = Run::of(new) {
+                    self.run = Some(run);
+                    stack.truncate(at);
+                    return;
+                }
+            }
+            None => {}
+        }
+        self.items.extend(stack.drain(at..));
+    }
+
+    /// The list as a run of `Custom` values, if it is kept as one (see [`Value::custom_run`]).
+    pub fn run(&self) -> Option<Run> {
+        self.run
+    }
 }
 
 #[derive(Debug, Default)]
@@ -190,9 +262,24 @@ impl Value {
     /// Items of a list-like value (list, tuple, pending empty list); `None` for anything else.
     pub fn list_items(&self) -> Option<ListItems<'_>> {
         match self {
-            Value::List(l) => Some(ListItems::Borrowed(l.borrow())),
+            Value::List(l) => {
+                let l = l.borrow();
+                Some(match l.run {
+                    Some(r) => ListItems::Owned(r.values().collect()),
+                    None => ListItems::Borrowed(l),
+                })
+            }
             Value::Tuple(t) => Some(ListItems::Slice(&t.items)),
             Value::PendingList(_) => Some(ListItems::Slice(&[])),
+            _ => None,
+        }
+    }
+
+    /// A list of consecutive `Custom` values, told without listing them: `Some` only for a list the reader kept
+    /// as a run.
+    pub fn custom_run(&self) -> Option<Run> {
+        match self {
+            Value::List(l) => l.borrow().run,
             _ => None,
         }
     }
@@ -212,6 +299,8 @@ pub enum ListItems<'a> {
     Borrowed(std::cell::Ref<'a, List>),
     BorrowedDict(std::cell::Ref<'a, Dict>),
     Slice(&'a [Value]),
+    /// The items of a list kept as a run.
+    Owned(Vec<Value>),
 }
 
 impl std::ops::Deref for ListItems<'_> {
@@ -221,6 +310,7 @@ impl std::ops::Deref for ListItems<'_> {
             ListItems::Borrowed(l) => &l.items,
             ListItems::BorrowedDict(d) => &d.items,
             ListItems::Slice(s) => s,
+            ListItems::Owned(v) => v,
         }
     }
 }
@@ -243,6 +333,33 @@ pub trait Builder {
     fn is_pure(&self, _kind: u8) -> bool {
         false
     }
+    /// Records: dicts the builder would rather take one field at a time than as a collected item list (millions
+    /// of trace entries). Called with a dict's first key; `true` starts a record and sends its fields to
+    /// [`Builder::record_field`]. Whatever a record does not finish is forgotten at the next `record_begin`.
+    fn record_begin(&mut self, _first_key: StrId) -> bool {
+        false
+    }
+    /// One field of the open record; `false` if the builder cannot take it as is. The reader then gives up the
+    /// record and hands the same dict to [`Builder::close_dict`] instead, which says what is wrong with it.
+    fn record_field(&mut self, _key: StrId, _value: &Value) -> bool {
+        false
+    }
+    /// Closes the record, as `close_dict` would close the same dict; `None` gives it up as `record_field` does.
+    fn record_end(&mut self) -> Option<Value> {
+        None
+    }
+    /// How many records the builder expects (its guess from the file size; 0: no idea), so the memo can be
+    /// sized once instead of being copied as it doubles.
+    fn expected_records(&self) -> usize {
+        0
+    }
+    /// Where the builder's own output stands, for [`Builder::rewind`].
+    fn mark(&self) -> usize {
+        0
+    }
+    /// Forgets what the builder made since `mark`: the fast path gave up a container whose nested records the
+    /// builder had already closed, and the generic path is about to read them again.
+    fn rewind(&mut self, _mark: usize) {}
 }
 
 /// A builder that keeps everything generic.
@@ -399,11 +516,32 @@ struct Memo {
     /// A slot was stored twice (no pickler does that): memo references in equal bytes may then mean different
     /// values, so the span cache turns itself off.
     overwritten: bool,
-    /// More values than a slot can index (2³¹): reported as an error when the pickle ends.
+    /// More values than a slot can index (2³⁰): reported as an error when the pickle ends.
     overflow: bool,
+    /// The kind of every inline `Custom` slot (see `push_custom`); the first such value sets it.
+    inline_kind: Option<u8>,
 }
 
 const SPAN_BIT: u32 = 1 << 31;
+/// A dense slot with this bit holds `Custom(Memo::inline_kind, rest of the slot)` itself.
+const INLINE_BIT: u32 = 1 << 30;
+
+/// A memo value: stored in a table, or made from its slot.
+enum MemoRef<'a> {
+    Stored(&'a Value),
+    Inline(Value),
+}
+
+impl std::ops::Deref for MemoRef<'_> {
+    type Target = Value;
+    #[inline]
+    fn deref(&self) -> &Value {
+        match self {
+            MemoRef::Stored(v) => v,
+            MemoRef::Inline(v) => v,
+        }
+    }
+}
 
 impl Memo {
     #[inline]
@@ -413,12 +551,28 @@ impl Memo {
 
     #[inline]
     fn push(&mut self, v: Value) {
-        if self.values.len() >= SPAN_BIT as usize {
+        if self.values.len() >= INLINE_BIT as usize {
             self.overflow = true;
             return;
         }
+        if self.values.len() == self.values.capacity() || self.slots.len() == self.slots.capacity() {
+            self.grow();
+        }
         self.slots.push(self.values.len() as u32);
         self.values.push(v);
+    }
+
+    /// Doubles whichever table is full; large ones go on huge pages.
+    #[cold]
+    fn grow(&mut self) {
+        if self.values.len() == self.values.capacity() {
+            self.values.reserve(self.values.capacity().max(1024));
+            crate::huge_pages::advise(&self.values);
+        }
+        if self.slots.len() == self.slots.capacity() {
+            self.slots.reserve(self.slots.capacity().max(1024));
+            crate::huge_pages::advise(&self.slots);
+        }
     }
 
     #[inline]
@@ -426,7 +580,7 @@ impl Memo {
         let i = idx as usize;
         if i < self.slots.len() {
             self.overwritten = true;
-            if self.values.len() >= SPAN_BIT as usize {
+            if self.values.len() >= INLINE_BIT as usize {
                 self.overflow = true;
                 return;
             }
@@ -439,25 +593,42 @@ impl Memo {
         }
     }
 
+    /// Stores `Custom(kind, id)` in the slot itself when it fits, as it does for every trace entry: a million
+    /// entries then cost 4 bytes each here instead of 20.
     #[inline]
-    fn dense_get(&self, i: usize) -> Option<&Value> {
+    fn push_custom(&mut self, kind: u8, id: u32) {
+        if id >= INLINE_BIT || self.inline_kind.is_some_and(|k| k != kind) {
+            return self.push(Value::Custom(kind, id));
+        }
+        self.inline_kind = Some(kind);
+        if self.slots.len() == self.slots.capacity() {
+            self.grow();
+        }
+        self.slots.push(INLINE_BIT | id);
+    }
+
+    #[inline]
+    fn dense_get(&self, i: usize) -> Option<MemoRef<'_>> {
         let s = *self.slots.get(i)?;
         if s & SPAN_BIT != 0 {
-            self.span_values.get((s & !SPAN_BIT) as usize)
+            self.span_values.get((s & !SPAN_BIT) as usize).map(MemoRef::Stored)
+        } else if s & INLINE_BIT != 0 {
+            Some(MemoRef::Inline(Value::Custom(self.inline_kind.unwrap_or(0), s & !INLINE_BIT)))
         } else {
-            self.values.get(s as usize)
+            self.values.get(s as usize).map(MemoRef::Stored)
         }
     }
 
     #[inline]
-    fn get(&self, idx: u32) -> Option<&Value> {
-        self.dense_get(idx as usize).or_else(|| self.sparse.get(&idx))
+    fn get(&self, idx: u32) -> Option<MemoRef<'_>> {
+        self.dense_get(idx as usize).or_else(|| self.sparse.get(&idx).map(MemoRef::Stored))
     }
 
-    /// Only slots holding a container still being filled are ever updated, and those are never span values.
+    /// Only slots holding a container still being filled are ever updated, and those are never span or inline
+    /// values.
     fn get_mut(&mut self, idx: u32) -> Option<&mut Value> {
         match self.slots.get(idx as usize) {
-            Some(&s) if s & SPAN_BIT == 0 => self.values.get_mut(s as usize),
+            Some(&s) if s & (SPAN_BIT | INLINE_BIT) == 0 => self.values.get_mut(s as usize),
             Some(_) => None,
             None => self.sparse.get_mut(&idx),
         }
@@ -473,7 +644,7 @@ impl Memo {
     }
 
     /// The values stored in dense slots from `from` on.
-    fn stored_since(&self, from: usize) -> impl Iterator<Item = &Value> {
+    fn stored_since(&self, from: usize) -> impl Iterator<Item = MemoRef<'_>> {
         (from..self.slots.len()).filter_map(|i| self.dense_get(i))
     }
 
@@ -491,6 +662,7 @@ struct Machine<'b, B> {
     /// Work stack of the fast path (see `fast_container`).
     scratch: Vec<Value>,
     spans: SpanCache,
+    records: RecordShapes,
 }
 
 /// Containers whose bytes hold only memo references and numbers decode to the same value every time the same
@@ -618,20 +790,24 @@ pub fn read<R: Read, B: Builder>(
             message: format!("pickle protocol {protocol} is newer than any known (0–5)"),
         });
     }
+    let mut memo = Memo::default();
+    memo.slots.reserve(builder.expected_records());
+    crate::huge_pages::advise(&memo.slots);
     let mut m = Machine {
         stack: Vec::with_capacity(64),
         marks: Vec::new(),
-        memo: Memo::default(),
+        memo,
         strings,
         builder,
         scratch: Vec::new(),
         spans: SpanCache::default(),
+        records: RecordShapes::default(),
     };
     let value = m.run(&mut input)?;
     if m.memo.overflow {
         return Err(PickleError::Malformed {
             offset: input.offset(),
-            message: "more than 2^31 memo entries; this reader's limit".into(),
+            message: "more than 2^30 memo entries; this reader's limit".into(),
         });
     }
     Ok(Parsed { value, strings: m.strings, protocol, bytes_read: input.offset() })
@@ -817,10 +993,15 @@ impl<B: Builder> Machine<'_, B> {
                     self.stack.push(Value::Str(id));
                 }
                 // Containers.
-                b'}' => match self.fast_container(input, true, off)? {
-                    Some(v) => self.stack.push(v),
-                    None => self.stack.push(Value::PendingDict(NO_SLOT)),
-                },
+                b'}' => {
+                    if self.known_records(input) {
+                        continue;
+                    }
+                    match self.fast_container(input, true, off)? {
+                        Some(v) => self.stack.push(v),
+                        None => self.stack.push(Value::PendingDict(NO_SLOT)),
+                    }
+                }
                 b']' => match self.fast_container(input, false, off)? {
                     Some(v) => self.stack.push(v),
                     None => self.stack.push(Value::PendingList(NO_SLOT)),
@@ -945,6 +1126,42 @@ impl<B: Builder> Machine<'_, B> {
         }
     }
 
+    /// Called just after an EMPTY_DICT: reads it, and every dict that follows it back to back, as long as each
+    /// matches a known record layout, pushing their values. `false` (nothing consumed) if the first does not match.
+    /// A list of a million trace entries is read here without going round the opcode loop once per entry.
+    fn known_records<R: Read>(&mut self, input: &mut Input<R>) -> bool {
+        if !self.memo.sparse.is_empty() || !self.records.worth_trying() {
+            return false;
+        }
+        // A read error here or below: the opcode loop meets it again and reports it.
+        if input.end - input.pos < FAST_WINDOW && !input.eof && input.fill(FAST_WINDOW).is_err() {
+            return false;
+        }
+        let mut first = true;
+        loop {
+            let mut cur = Cursor { buf: &input.buf[input.pos..input.end], pos: 0 };
+            let Some(v) = self.known_record(&mut cur) else {
+                if first {
+                    return false;
+                }
+                // This one's EMPTY_DICT was consumed below, after the last fill: step back over it.
+                input.pos -= 1;
+                return true;
+            };
+            input.pos += cur.pos;
+            self.stack.push(v);
+            first = false;
+            // Top the buffer up before taking the next EMPTY_DICT, so stepping back over it stays possible.
+            if input.end - input.pos < FAST_WINDOW && !input.eof && input.fill(FAST_WINDOW).is_err() {
+                return true;
+            }
+            if input.pos >= input.end || input.buf[input.pos] != b'}' || !self.records.worth_trying() {
+                return true;
+            }
+            input.pos += 1;
+        }
+    }
+
     /// The fast path. Called just after an EMPTY_DICT / EMPTY_LIST opcode at `off`: if the container's whole body
     /// is in the buffer and uses only plain scalars, memo references, tuples and (one level of) nested frame-like
     /// containers, decode it straight into its final value and consume it. Otherwise undo any memo entries it made
@@ -964,6 +1181,7 @@ impl<B: Builder> Machine<'_, B> {
         }
         let memo_mark = self.memo.mark();
         let scratch_mark = self.scratch.len();
+        let builder_mark = self.builder.mark();
         let mut cur = Cursor { buf: &input.buf[input.pos..input.end], pos: 0 };
         let r = self.fast_body(&mut cur, is_dict, 0, off + 1);
         match r {
@@ -974,6 +1192,7 @@ impl<B: Builder> Machine<'_, B> {
             Ok(None) => {
                 self.memo.rewind(memo_mark);
                 self.scratch.truncate(scratch_mark);
+                self.builder.rewind(builder_mark);
                 Ok(None)
             }
             Err(e) => Err(e),
@@ -988,6 +1207,12 @@ impl<B: Builder> Machine<'_, B> {
         depth: u32,
         base: u64,
     ) -> Result<Option<Value>, PickleError> {
+        if is_dict && self.records.worth_trying() {
+            if let Some(v) = self.known_record(cur) {
+                return Ok(Some(v));
+            }
+        }
+        let body_start = cur.pos;
         let slot = match cur.peek() {
             Some(0x94) => {
                 cur.pos += 1;
@@ -1023,6 +1248,20 @@ impl<B: Builder> Machine<'_, B> {
             Some(_) => true,
             None => return Ok(None),
         };
+        if is_dict && !single {
+            match self.fast_record(cur, depth, base, body_start)? {
+                Record::Done(v) => {
+                    if let Some(slot) = slot {
+                        if let Some(m) = self.memo.get_mut(slot) {
+                            *m = v.clone();
+                        }
+                    }
+                    return Ok(Some(v));
+                }
+                Record::NotOne => {}
+                Record::GiveUp => return Ok(None),
+            }
+        }
         let (close_many, close_one) = if is_dict { (b'u', b's') } else { (b'e', b'a') };
         let mark = self.scratch.len();
         loop {
@@ -1095,7 +1334,7 @@ impl<B: Builder> Machine<'_, B> {
                         };
                         u32::from_le_bytes([b[0], b[1], b[2], b[3]])
                     };
-                    match self.memo.dense_get(idx as usize) {
+                    match self.memo.dense_get(idx as usize).as_deref() {
                         Some(Value::PendingDict(_) | Value::PendingList(_)) | None => return Ok(None),
                         Some(v) => self.scratch.push(v.clone()),
                     }
@@ -1142,29 +1381,10 @@ impl<B: Builder> Machine<'_, B> {
                     self.scratch.push(t);
                 }
                 // One level of nesting: the frames list of a trace entry, the frame dicts of a stack.
-                b'}' | b']' if depth < 2 => {
-                    let start = cur.pos - 1;
-                    let span = if self.memo.overwritten { None } else { pure_span_end(cur.buf, start) };
-                    if let Some(end) = span {
-                        if let Some(&i) = self.spans.index.get(&cur.buf[start..end]) {
-                            let e = &self.spans.entries[i as usize];
-                            self.memo.slots.extend(e.memo.clone().map(|k| k | SPAN_BIT));
-                            self.scratch.push(e.value.clone());
-                            cur.pos = end;
-                            continue;
-                        }
-                    }
-                    let memo_mark = self.memo.dense_len();
-                    match self.fast_body(cur, op == b'}', depth + 1, base)? {
-                        Some(v) => {
-                            if let Some(end) = span.filter(|&e| e == cur.pos) {
-                                self.remember_span(&cur.buf[start..end], &v, memo_mark);
-                            }
-                            self.scratch.push(v)
-                        }
-                        None => return Ok(None),
-                    }
-                }
+                b'}' | b']' if depth < 2 => match self.fast_nested(cur, op, depth, base)? {
+                    Some(v) => self.scratch.push(v),
+                    None => return Ok(None),
+                },
                 _ => return Ok(None),
             }
         }
@@ -1203,8 +1423,7 @@ impl<B: Builder> Machine<'_, B> {
                     if d > MAX_DEPTH {
                         return Ok(None);
                     }
-                    let items = self.scratch[mark..].to_vec();
-                    Value::List(Rc::new(RefCell::new(List { depth: d, items })))
+                    Value::List(Rc::new(RefCell::new(List::new(d, &mut self.scratch, mark))))
                 }
             }
         };
@@ -1217,20 +1436,281 @@ impl<B: Builder> Machine<'_, B> {
         Ok(Some(v))
     }
 
+    /// A container nested in a fast container, its opening opcode `op` just read: replayed from the span cache
+    /// when its bytes were seen before, decoded otherwise.
+    fn fast_nested(&mut self, cur: &mut Cursor, op: u8, depth: u32, base: u64) -> Result<Option<Value>, PickleError> {
+        let start = cur.pos - 1;
+        let span = if self.memo.overwritten { None } else { pure_span_end(cur.buf, start) };
+        if let Some(end) = span {
+            if let Some(&i) = self.spans.index.get(&cur.buf[start..end]) {
+                let e = &self.spans.entries[i as usize];
+                self.memo.slots.extend(e.memo.clone().map(|k| k | SPAN_BIT));
+                cur.pos = end;
+                return Ok(Some(e.value.clone()));
+            }
+        }
+        let memo_mark = self.memo.dense_len();
+        let Some(v) = self.fast_body(cur, op == b'}', depth + 1, base)? else {
+            return Ok(None);
+        };
+        if let Some(end) = span.filter(|&e| e == cur.pos) {
+            self.remember_span(&cur.buf[start..end], &v, memo_mark);
+        }
+        Ok(Some(v))
+    }
+
+    /// A dict the builder takes as a record (see [`Builder::record_begin`]), from just after its MARK through its
+    /// SETITEMS: each key and value goes to the builder as it is read, with no item list and no copy of values
+    /// from the memo. Keys must be strs, values scalars, memo references, strs, int pairs or nested fast
+    /// containers; anything else gives the record up to the generic path. A record made only of memo-referenced
+    /// keys and fixed-width values also teaches its byte layout to [`RecordShapes`] (`body_start`: where the
+    /// dict's bytes begin, after its EMPTY_DICT).
+    fn fast_record(
+        &mut self,
+        cur: &mut Cursor,
+        depth: u32,
+        base: u64,
+        body_start: usize,
+    ) -> Result<Record, PickleError> {
+        let start = cur.pos;
+        let memo_mark = self.memo.mark();
+        let mut fields = 0usize;
+        let mut first_key = 0;
+        let mut layout = std::mem::take(&mut self.records.learning);
+        layout.clear();
+        let mut fixed = self.records.learnable();
+        let outcome = loop {
+            let Some(op) = cur.next() else { break Record::GiveUp };
+            let key = match op {
+                b'u' if fields > 0 => break Record::Done(Value::None),
+                b'h' | b'j' => {
+                    let Some(idx) = memo_index(cur, op) else { break Record::GiveUp };
+                    match self.memo.dense_get(idx as usize).as_deref() {
+                        Some(&Value::Str(k)) => k,
+                        _ if fields == 0 => {
+                            cur.pos = start;
+                            break Record::NotOne;
+                        }
+                        _ => break Record::GiveUp,
+                    }
+                }
+                0x8c => {
+                    fixed = false;
+                    let Some(n) = cur.next() else { break Record::GiveUp };
+                    let Some(b) = cur.take(n as usize) else { break Record::GiveUp };
+                    let k = self.strings.intern_bytes(b);
+                    if !self.memo_store(cur, &Value::Str(k)) {
+                        break Record::GiveUp;
+                    }
+                    k
+                }
+                _ if fields == 0 => {
+                    cur.pos = start;
+                    break Record::NotOne;
+                }
+                _ => break Record::GiveUp,
+            };
+            if fields == 0 {
+                if !self.builder.record_begin(key) {
+                    cur.pos = start;
+                    self.memo.rewind(memo_mark);
+                    break Record::NotOne;
+                }
+                first_key = key;
+            }
+            fields += 1;
+            if fields >= BATCH {
+                break Record::GiveUp;
+            }
+            let Some(op) = cur.next() else { break Record::GiveUp };
+            let at = cur.pos - body_start;
+            let accepted = match op {
+                // A memo reference is passed as the stored value itself, not a copy.
+                b'h' | b'j' => {
+                    let Some(idx) = memo_index(cur, op) else { break Record::GiveUp };
+                    layout.push(Field { key, at: at as u32, arg: if op == b'h' { Arg::Ref1 } else { Arg::Ref4 } });
+                    match self.memo.dense_get(idx as usize).as_deref() {
+                        Some(Value::PendingDict(_) | Value::PendingList(_)) | None => false,
+                        Some(v) => self.builder.record_field(key, v),
+                    }
+                }
+                b'}' | b']' if depth < 2 => {
+                    fixed = false;
+                    match self.fast_nested(cur, op, depth, base)? {
+                        Some(v) => self.builder.record_field(key, &v),
+                        None => false,
+                    }
+                }
+                _ => {
+                    let Some(mut v) = fast_scalar(cur, op, &mut self.strings) else {
+                        break Record::GiveUp;
+                    };
+                    match Arg::of_scalar(op, cur.pos - body_start - at) {
+                        Some(arg) => layout.push(Field { key, at: at as u32, arg }),
+                        None => fixed = false,
+                    }
+                    // A pool id: two ints and TUPLE2 (keys are never ints, so a second int is a tuple's).
+                    if let Some(next) = cur.peek().filter(|&b| SCALAR_OPS[b as usize]) {
+                        fixed = false;
+                        cur.pos += 1;
+                        let Some(second) = fast_scalar(cur, next, &mut self.strings) else {
+                            break Record::GiveUp;
+                        };
+                        if cur.next() != Some(0x86) {
+                            break Record::GiveUp;
+                        }
+                        v = match (&v, &second) {
+                            (Value::Int(a), Value::Int(b))
+                                if i32::try_from(*a).is_ok() && i32::try_from(*b).is_ok() =>
+                            {
+                                Value::IntPair(*a as i32, *b as i32)
+                            }
+                            _ => Value::Tuple(Rc::new(Tuple { depth: 1, items: vec![v, second] })),
+                        };
+                    }
+                    if matches!(cur.peek(), Some(0x94 | b'q' | b'r')) {
+                        fixed = false;
+                    }
+                    self.memo_store(cur, &v) && self.builder.record_field(key, &v)
+                }
+            };
+            if !accepted {
+                break Record::GiveUp;
+            }
+        };
+        let outcome = match outcome {
+            Record::Done(_) => match self.builder.record_end() {
+                Some(v) => {
+                    if fixed {
+                        self.records.learn(&cur.buf[body_start..cur.pos], first_key, &layout);
+                    }
+                    Record::Done(v)
+                }
+                None => Record::GiveUp,
+            },
+            other => other,
+        };
+        self.records.learning = layout;
+        Ok(outcome)
+    }
+
+    /// A record whose bytes match a layout learnt from an earlier one (see [`RecordShapes`]): its fields are read
+    /// at their known offsets and sent to the builder. `None` (nothing consumed) if no layout matches or the
+    /// builder refuses a field; the ordinary path then reads the record.
+    fn known_record(&mut self, cur: &mut Cursor) -> Option<Value> {
+        let rest = &cur.buf[cur.pos..];
+        let i = self.records.matching(rest)?;
+        let shape = &self.records.shapes[i];
+        let slot = match shape.slot {
+            Slot::None => None,
+            Slot::Next => Some(self.memo.dense_len() as u32),
+            Slot::Put1 => Some(rest[1] as u32),
+            Slot::Put4 => Some(u32::from_le_bytes([rest[1], rest[2], rest[3], rest[4]])),
+        };
+        if slot.is_some_and(|s| s as usize != self.memo.dense_len()) || !self.builder.record_begin(shape.first_key) {
+            return None;
+        }
+        for f in shape.fields.iter() {
+            let at = f.at as usize;
+            let v = match f.arg {
+                Arg::Ref1 | Arg::Ref4 => {
+                    let idx = if f.arg == Arg::Ref1 {
+                        rest[at] as usize
+                    } else {
+                        u32::from_le_bytes([rest[at], rest[at + 1], rest[at + 2], rest[at + 3]]) as usize
+                    };
+                    // Only values already stored are referenced: the record stores nothing of its own but itself.
+                    match self.memo.dense_get(idx).as_deref() {
+                        Some(Value::PendingDict(_) | Value::PendingList(_)) | None => return None,
+                        Some(v) => {
+                            if !self.builder.record_field(f.key, v) {
+                                return None;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                Arg::U8 => Value::Int(rest[at] as i64),
+                Arg::U16 => Value::Int(u16::from_le_bytes([rest[at], rest[at + 1]]) as i64),
+                Arg::I32 => Value::Int(i32::from_le_bytes([rest[at], rest[at + 1], rest[at + 2], rest[at + 3]]) as i64),
+                Arg::Long(n) => Value::Int(match rest.get(at + 1..at + 9) {
+                    // One 8-byte load, shifted: the bytes past the int are the next opcodes, shifted out.
+                    Some(w) if n > 0 => {
+                        let shift = 64 - 8 * n as u32;
+                        ((u64::from_le_bytes(w.try_into().expect("8 bytes")) << shift) as i64) >> shift
+                    }
+                    _ => small_long(&rest[at + 1..at + 1 + n as usize]),
+                }),
+                Arg::F64 => {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(&rest[at..at + 8]);
+                    Value::Float(f64::from_be_bytes(a))
+                }
+                Arg::None => Value::None,
+                Arg::True => Value::Bool(true),
+                Arg::False => Value::Bool(false),
+            };
+            if !self.builder.record_field(f.key, &v) {
+                return None;
+            }
+        }
+        let v = self.builder.record_end()?;
+        if slot.is_some() {
+            match v {
+                Value::Custom(kind, id) => self.memo.push_custom(kind, id),
+                _ => self.memo.push(v.clone()),
+            }
+        }
+        cur.pos += shape.len;
+        self.records.hit(i);
+        Some(v)
+    }
+
+    /// Stores `v` in the memo if a memo opcode follows; `false` if it names a slot out of order.
+    #[inline]
+    fn memo_store(&mut self, cur: &mut Cursor, v: &Value) -> bool {
+        let idx = match cur.peek() {
+            Some(0x94) => {
+                cur.pos += 1;
+                self.memo.dense_len() as u32
+            }
+            Some(b'q') => match cur.at(1) {
+                Some(i) => {
+                    cur.pos += 2;
+                    i as u32
+                }
+                None => return false,
+            },
+            Some(b'r') => {
+                let Some(i) = cur.slice(1, 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])) else {
+                    return false;
+                };
+                cur.pos += 5;
+                i
+            }
+            _ => return true,
+        };
+        if idx as usize != self.memo.dense_len() {
+            return false;
+        }
+        self.memo.push(v.clone());
+        true
+    }
+
     /// Caches a decoded pure span: its value and the memo stores made inside it, if all are pure.
     fn remember_span(&mut self, bytes: &[u8], v: &Value, memo_mark: usize) {
         let pure = |v: &Value| matches!(v, Value::Custom(kind, _) if self.builder.is_pure(*kind));
-        if !pure(v) || !self.memo.stored_since(memo_mark).all(pure) {
+        if !pure(v) || !self.memo.stored_since(memo_mark).all(|m| pure(&m)) {
             return;
         }
         let stored = self.memo.dense_len() - memo_mark;
         if self.spans.key_bytes + bytes.len() > SPAN_CACHE_MAX_BYTES
-            || self.memo.span_values.len() + stored >= SPAN_BIT as usize
+            || self.memo.span_values.len() + stored >= INLINE_BIT as usize
         {
             return;
         }
         let start = self.memo.span_values.len() as u32;
-        let values: Vec<Value> = self.memo.stored_since(memo_mark).cloned().collect();
+        let values: Vec<Value> = self.memo.stored_since(memo_mark).map(|m| m.clone()).collect();
         self.memo.span_values.extend(values);
         let end = self.memo.span_values.len() as u32;
         self.spans.key_bytes += bytes.len();
@@ -1277,7 +1757,7 @@ impl<B: Builder> Machine<'_, B> {
         // give it real shared storage now, so both references see the same items.
         let v = match v {
             Value::PendingList(slot) if slot == idx => {
-                let l = Value::List(Rc::new(RefCell::new(List { depth: 1, items: Vec::new() })));
+                let l = Value::List(Rc::new(RefCell::new(List { depth: 1, ..List::default() })));
                 self.memo.put(idx, l.clone());
                 l
             }
@@ -1306,12 +1786,12 @@ impl<B: Builder> Machine<'_, B> {
         let n = self.stack.len() - at;
         match &self.stack[target] {
             &Value::PendingList(slot) => {
-                let shared = if slot != NO_SLOT { self.memo.get(slot).cloned() } else { None };
+                let shared = if slot != NO_SLOT { self.memo.get(slot).map(|m| m.clone()) } else { None };
                 if let Some(Value::List(rc)) = shared {
                     let item_depth = self.item_depth(at, off)?;
                     let mut l = rc.borrow_mut();
                     l.depth = l.depth.max(item_depth + 1);
-                    l.items.extend(self.stack.drain(at..));
+                    l.append(&mut self.stack, at);
                     drop(l);
                     self.stack[target] = Value::List(rc);
                     return Ok(());
@@ -1324,8 +1804,7 @@ impl<B: Builder> Machine<'_, B> {
                     }
                     None => {
                         let item_depth = self.item_depth(at, off)?;
-                        let items = self.stack.split_off(at);
-                        Value::List(Rc::new(RefCell::new(List { depth: item_depth + 1, items })))
+                        Value::List(Rc::new(RefCell::new(List::new(item_depth + 1, &mut self.stack, at))))
                     }
                 };
                 if slot != NO_SLOT {
@@ -1340,7 +1819,7 @@ impl<B: Builder> Machine<'_, B> {
                 let item_depth = self.item_depth(at, off)?;
                 let mut l = rc.borrow_mut();
                 l.depth = l.depth.max(item_depth + 1);
-                l.items.extend(self.stack.drain(at..));
+                l.append(&mut self.stack, at);
             }
             other => {
                 return Err(Self::err(off, format!("APPEND(S) onto {} instead of a list", other.type_name())));
@@ -1361,7 +1840,7 @@ impl<B: Builder> Machine<'_, B> {
         }
         match &self.stack[target] {
             &Value::PendingDict(slot) => {
-                let shared = if slot != NO_SLOT { self.memo.get(slot).cloned() } else { None };
+                let shared = if slot != NO_SLOT { self.memo.get(slot).map(|m| m.clone()) } else { None };
                 if let Some(Value::Dict(rc)) = shared {
                     let item_depth = self.item_depth(at, off)?;
                     let mut d = rc.borrow_mut();
@@ -1409,6 +1888,256 @@ impl<B: Builder> Machine<'_, B> {
     }
 }
 
+/// Byte layouts of records seen before. Millions of trace entries are written alike: the same keys as memo
+/// references in the same order, the same opcodes and integer widths; only the argument bytes of values differ.
+/// A record's layout is its bytes with those arguments masked out; a later record whose bytes equal a layout
+/// under its mask holds the same keys, opcodes and widths, so its values can be read at fixed offsets without
+/// walking its opcodes one by one. Records that hold anything else (a str, a nested container, a memo store of
+/// their own) are never learnt.
+#[derive(Default)]
+struct RecordShapes {
+    shapes: Vec<Shape>,
+    /// Reused buffer for the layout of the record being read.
+    learning: Vec<Field>,
+    last: usize,
+    tries: u32,
+    hits: u32,
+    /// Records left to read without trying the layouts, after a stretch where they rarely matched.
+    resting: u32,
+}
+
+struct Shape {
+    /// The record's bytes from just after EMPTY_DICT through SETITEMS, padded to whole words.
+    bytes: Box<[u64]>,
+    mask: Box<[u64]>,
+    len: usize,
+    slot: Slot,
+    first_key: StrId,
+    fields: Box<[Field]>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    None,
+    /// MEMOIZE: the next slot.
+    Next,
+    /// BINPUT / LONG_BINPUT with the index right after the opcode.
+    Put1,
+    Put4,
+}
+
+#[derive(Clone, Copy)]
+struct Field {
+    key: StrId,
+    /// Offset of the value's argument bytes from the start of the record.
+    at: u32,
+    arg: Arg,
+}
+
+/// A fixed-width value encoding: its opcode is part of the layout, its argument bytes are not.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Arg {
+    U8,
+    U16,
+    I32,
+    /// LONG1 with this many bytes (the count byte is part of the layout).
+    Long(u8),
+    F64,
+    Ref1,
+    Ref4,
+    None,
+    True,
+    False,
+}
+
+impl Arg {
+    /// The layout of a scalar with opcode `op` and `width` argument bytes, if it has a fixed width.
+    fn of_scalar(op: u8, width: usize) -> Option<Arg> {
+        Some(match op {
+            b'K' => Arg::U8,
+            b'M' => Arg::U16,
+            b'J' => Arg::I32,
+            0x8a if width <= 9 => Arg::Long(width as u8 - 1),
+            b'G' => Arg::F64,
+            b'N' => Arg::None,
+            0x88 => Arg::True,
+            0x89 => Arg::False,
+            _ => return None,
+        })
+    }
+
+    /// Argument bytes that vary from record to record (the LONG1 count byte stays in the layout).
+    fn varying(self) -> std::ops::Range<usize> {
+        match self {
+            Arg::U8 | Arg::Ref1 => 0..1,
+            Arg::U16 => 0..2,
+            Arg::I32 | Arg::Ref4 => 0..4,
+            Arg::Long(n) => 1..1 + n as usize,
+            Arg::F64 => 0..8,
+            Arg::None | Arg::True | Arg::False => 0..0,
+        }
+    }
+}
+
+/// Layouts kept at most; a file has a few dozen (integer widths × actions × fields present).
+const MAX_SHAPES: usize = 64;
+const MAX_SHAPE_LEN: usize = 1024;
+/// Trying the layouts is stopped for a while when fewer than a quarter of this many tries match.
+const SHAPE_WINDOW: u32 = 1024;
+const SHAPE_REST: u32 = 16 * 1024;
+
+impl RecordShapes {
+    #[inline]
+    fn worth_trying(&mut self) -> bool {
+        if self.shapes.is_empty() {
+            return false;
+        }
+        if self.resting > 0 {
+            self.resting -= 1;
+            return false;
+        }
+        self.tries += 1;
+        if self.tries >= SHAPE_WINDOW {
+            if self.hits < SHAPE_WINDOW / 4 {
+                self.resting = SHAPE_REST;
+            }
+            self.tries = 0;
+            self.hits = 0;
+        }
+        true
+    }
+
+    fn learnable(&self) -> bool {
+        self.shapes.len() < MAX_SHAPES
+    }
+
+    #[inline]
+    fn hit(&mut self, i: usize) {
+        self.hits += 1;
+        self.last = i;
+    }
+
+    /// The first layout `rest` matches, the last one matched tried first.
+    #[inline]
+    fn matching(&self, rest: &[u8]) -> Option<usize> {
+        let n = self.shapes.len();
+        (0..n).map(|k| (self.last + k) % n).find(|&i| self.shapes[i].matches(rest))
+    }
+
+    fn learn(&mut self, bytes: &[u8], first_key: StrId, fields: &[Field]) {
+        if bytes.len() > MAX_SHAPE_LEN || self.shapes.len() >= MAX_SHAPES {
+            return;
+        }
+        let (slot, slot_arg) = match bytes.first() {
+            Some(0x94) => (Slot::Next, 0..0),
+            Some(b'q') => (Slot::Put1, 1..2),
+            Some(b'r') => (Slot::Put4, 1..5),
+            _ => (Slot::None, 0..0),
+        };
+        let words = bytes.len().div_ceil(8);
+        let mut raw = vec![0u8; words * 8];
+        raw[..bytes.len()].copy_from_slice(bytes);
+        let mut mask = vec![0u8; words * 8];
+        mask[..bytes.len()].fill(0xff);
+        mask[slot_arg].fill(0);
+        for f in fields {
+            let r = f.arg.varying();
+            mask[f.at as usize + r.start..f.at as usize + r.end].fill(0);
+        }
+        let to_words = |b: &[u8]| -> Box<[u64]> {
+            b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
+        };
+        let mask = to_words(&mask);
+        let bytes_w: Box<[u64]> = to_words(&raw).iter().zip(mask.iter()).map(|(b, m)| b & m).collect();
+        if self.shapes.iter().any(|s| s.mask == mask && s.bytes == bytes_w) {
+            return;
+        }
+        self.shapes.push(Shape { bytes: bytes_w, mask, len: bytes.len(), slot, first_key, fields: fields.into() });
+    }
+}
+
+impl Shape {
+    #[inline]
+    fn matches(&self, rest: &[u8]) -> bool {
+        let Some(window) = rest.get(..self.bytes.len() * 8) else {
+            return false;
+        };
+        window
+            .chunks_exact(8)
+            .zip(self.bytes.iter().zip(self.mask.iter()))
+            .all(|(c, (b, m))| u64::from_le_bytes(c.try_into().expect("8 bytes")) & m == *b)
+    }
+}
+
+/// How a record dict ended on the fast path.
+enum Record {
+    Done(Value),
+    /// Not a dict the builder takes as a record: decode it the ordinary way.
+    NotOne,
+    /// A record the fast path cannot finish: the generic machine reads it again.
+    GiveUp,
+}
+
+/// The opcodes [`fast_scalar`] decodes.
+const SCALAR_OPS: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'K' as usize] = true;
+    t[b'M' as usize] = true;
+    t[b'J' as usize] = true;
+    t[0x8a] = true;
+    t[b'G' as usize] = true;
+    t[b'N' as usize] = true;
+    t[0x88] = true;
+    t[0x89] = true;
+    t
+};
+
+/// The argument of BINGET (`h`) or LONG_BINGET (`j`), the opcode `op` just read.
+#[inline]
+fn memo_index(cur: &mut Cursor, op: u8) -> Option<u32> {
+    if op == b'h' {
+        cur.next().map(u32::from)
+    } else {
+        let b = cur.take(4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+/// A number, None, bool or short str whose opcode `op` was just read; `None` for any other opcode or when the
+/// buffer ends first.
+#[inline]
+fn fast_scalar(cur: &mut Cursor, op: u8, strings: &mut Strings) -> Option<Value> {
+    Some(match op {
+        b'K' => Value::Int(cur.next()? as i64),
+        b'M' => {
+            let b = cur.take(2)?;
+            Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64)
+        }
+        b'J' => {
+            let b = cur.take(4)?;
+            Value::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
+        }
+        0x8a => {
+            let n = cur.next()?;
+            long_value(cur.take(n as usize)?)
+        }
+        b'G' => {
+            let b = cur.take(8)?;
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b);
+            Value::Float(f64::from_be_bytes(a))
+        }
+        b'N' => Value::None,
+        0x88 => Value::Bool(true),
+        0x89 => Value::Bool(false),
+        0x8c => {
+            let n = cur.next()?;
+            Value::Str(strings.intern_bytes(cur.take(n as usize)?))
+        }
+        _ => return None,
+    })
+}
+
 fn len8<R: Read>(input: &mut Input<R>, what: &'static str) -> Result<usize, PickleError> {
     let off = input.offset();
     let b = input.take(8, what)?;
@@ -1418,17 +2147,28 @@ fn len8<R: Read>(input: &mut Input<R>, what: &'static str) -> Result<usize, Pick
         .map_err(|_| PickleError::Malformed { offset: off, message: format!("{what}: length does not fit") })
 }
 
+#[inline]
 fn long_value(b: &[u8]) -> Value {
-    if b.is_empty() {
-        return Value::Int(0);
-    }
     if b.len() <= 8 {
-        let fill = if b[b.len() - 1] & 0x80 != 0 { 0xff } else { 0 };
-        let mut a = [fill; 8];
-        a[..b.len()].copy_from_slice(b);
-        return Value::Int(i64::from_le_bytes(a));
+        return Value::Int(small_long(b));
     }
     Value::BigInt(Rc::new(b.to_vec()))
+}
+
+/// A little-endian two's complement int of at most 8 bytes (LONG1's encoding; no bytes is 0). Built in a
+/// register: copying a variable number of bytes into an array and loading it back stalls on store forwarding.
+#[inline]
+fn small_long(b: &[u8]) -> i64 {
+    debug_assert!(b.len() <= 8);
+    if b.is_empty() {
+        return 0;
+    }
+    let mut v = 0u64;
+    for (i, &x) in b.iter().enumerate() {
+        v |= (x as u64) << (8 * i);
+    }
+    let shift = 64 - 8 * b.len() as u32;
+    ((v << shift) as i64) >> shift
 }
 
 fn text_int(line: &[u8]) -> Option<Value> {
@@ -1484,6 +2224,22 @@ mod tests {
         p.push(b'.');
         let v = parse(&p).unwrap().value;
         assert!(matches!(v, Value::BigInt(_)) && v.as_u64().is_none());
+    }
+
+    #[test]
+    fn small_longs_of_every_width_sign_extend() {
+        for v in [0i64, 1, -1, 127, -128, 128, -129, 1 << 40, -(1 << 40), i64::MAX, i64::MIN] {
+            let b = v.to_le_bytes();
+            // The narrowest two's complement encoding, and every wider one.
+            let mut n = 8;
+            while n > 1 && ((b[n - 1] == 0 && b[n - 2] & 0x80 == 0) || (b[n - 1] == 0xff && b[n - 2] & 0x80 != 0)) {
+                n -= 1;
+            }
+            for w in n..=8 {
+                assert_eq!(small_long(&b[..w]), v, "{v} in {w} bytes");
+            }
+        }
+        assert_eq!(small_long(&[]), 0);
     }
 
     #[test]

@@ -152,10 +152,18 @@ fn action_of(id: StrId) -> Action {
 /// Turns frame dicts into interned frames, frame lists into interned stacks and trace-entry dicts into
 /// [`Event`]s as the pickle streams in.
 struct SnapshotBuilder {
-    stacks: Stacks,
+    cx: EntryCx,
     events: Vec<Event>,
     /// Shared by every device's events while reading; each device gets a copy.
     event_attrs: EventAttrTable,
+    /// The trace entry being streamed field by field (see [`Builder::record_begin`]).
+    rec: Event,
+    rec_attrs: EventAttrs,
+}
+
+/// What decoding a trace entry's fields needs besides the entry itself.
+struct EntryCx {
+    stacks: Stacks,
     frame_buf: Vec<u32>,
     seen_time: bool,
     seen_compile_context: bool,
@@ -166,6 +174,68 @@ struct SnapshotBuilder {
 
 fn want_u64(v: &Value, key: &str, what: &str) -> Result<u64, String> {
     v.as_u64().ok_or_else(|| format!("{what}: '{key}' is {}, expected a non-negative int", v.type_name()))
+}
+
+const W: &str = "trace entry";
+
+impl EntryCx {
+    /// Puts one trace-entry field into `e` and `a`: the one decoder of both the streamed and the collected path.
+    #[inline]
+    fn field(&mut self, e: &mut Event, a: &mut EventAttrs, key: StrId, v: &Value) -> Result<(), String> {
+        match key {
+            k::ACTION => {
+                let s = v.as_str_id().ok_or_else(|| format!("{W}: 'action' is {}, expected a str", v.type_name()))?;
+                e.action = action_of(s);
+            }
+            k::ADDR => e.addr = want_u64(v, "addr", W)?,
+            k::SIZE => e.size = want_u64(v, "size", W)?,
+            // A stream is a raw pointer; a negative value (never seen) is kept as its bit pattern.
+            k::STREAM => {
+                a.stream = v
+                    .as_u64()
+                    .or_else(|| v.as_i64().map(|i| i as u64))
+                    .ok_or_else(|| format!("{W}: 'stream' is {}, expected an int", v.type_name()))?
+            }
+            k::DEVICE_FREE => a.set_device_free(want_u64(v, "device_free", W)?),
+            k::TIME_US => {
+                let t = v.as_i64().ok_or_else(|| format!("{W}: 'time_us' is {}, expected an int", v.type_name()))?;
+                e.set_time_us(t);
+                self.seen_time = true;
+            }
+            k::FRAMES => {
+                e.stack = stack_of(&mut self.stacks, &mut self.frame_buf, v).ok_or_else(|| {
+                    let first_bad = v.list_items().and_then(|items| {
+                        items
+                            .iter()
+                            .position(|it| !matches!(it, Value::Custom(FRAME, _)))
+                            .map(|i| (i, items[i].type_name()))
+                    });
+                    match first_bad {
+                        Some((i, t)) => format!("{W}: 'frames' item {i} is {t}, expected a frame dict"),
+                        None => format!("{W}: 'frames' is {}, expected a list of frames", v.type_name()),
+                    }
+                })?
+            }
+            k::COMPILE_CONTEXT => {
+                a.compile_context = v.as_str_id().unwrap_or(NO_STR);
+                self.seen_compile_context = true;
+            }
+            k::USER_METADATA => {
+                a.user_metadata = v.as_str_id().unwrap_or(NO_STR);
+                self.seen_user_metadata = true;
+            }
+            k::POOL_ID => {
+                if let Some(p) = pair(v) {
+                    a.set_pool_id(p);
+                }
+                self.seen_pool_id = true;
+            }
+            // Written only when non-empty (2.15+): its presence dates the file, its value is not used.
+            k::INTERNAL_METADATA => self.seen_internal_metadata = true,
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 impl SnapshotBuilder {
@@ -184,71 +254,20 @@ impl SnapshotBuilder {
             // Other keys (2.10's fx_node_* / fx_original_trace) are tolerated.
         }
         let f = Frame { filename: filename?, name: name?, line };
-        Some(Value::Custom(FRAME, self.stacks.intern_frame(f)))
+        Some(Value::Custom(FRAME, self.cx.stacks.intern_frame(f)))
     }
 
     fn trace_entry(&mut self, items: &[Value]) -> Result<Value, String> {
-        const W: &str = "trace entry";
         let mut e = Event::new(Action::Unknown, 0, 0);
         let mut a = EventAttrs::default();
         for kv in items.chunks_exact(2) {
             let Value::Str(key) = kv[0] else { continue };
-            let v = &kv[1];
-            match key {
-                k::ACTION => {
-                    let s =
-                        v.as_str_id().ok_or_else(|| format!("{W}: 'action' is {}, expected a str", v.type_name()))?;
-                    e.action = action_of(s);
-                }
-                k::ADDR => e.addr = want_u64(v, "addr", W)?,
-                k::SIZE => e.size = want_u64(v, "size", W)?,
-                // A stream is a raw pointer; a negative value (never seen) is kept as its bit pattern.
-                k::STREAM => {
-                    a.stream = v
-                        .as_u64()
-                        .or_else(|| v.as_i64().map(|i| i as u64))
-                        .ok_or_else(|| format!("{W}: 'stream' is {}, expected an int", v.type_name()))?
-                }
-                k::DEVICE_FREE => a.set_device_free(want_u64(v, "device_free", W)?),
-                k::TIME_US => {
-                    let t =
-                        v.as_i64().ok_or_else(|| format!("{W}: 'time_us' is {}, expected an int", v.type_name()))?;
-                    e.set_time_us(t);
-                    self.seen_time = true;
-                }
-                k::FRAMES => {
-                    e.stack = stack_of(&mut self.stacks, &mut self.frame_buf, v).ok_or_else(|| {
-                        let first_bad = v.list_items().and_then(|items| {
-                            items
-                                .iter()
-                                .position(|it| !matches!(it, Value::Custom(FRAME, _)))
-                                .map(|i| (i, items[i].type_name()))
-                        });
-                        match first_bad {
-                            Some((i, t)) => format!("{W}: 'frames' item {i} is {t}, expected a frame dict"),
-                            None => format!("{W}: 'frames' is {}, expected a list of frames", v.type_name()),
-                        }
-                    })?
-                }
-                k::COMPILE_CONTEXT => {
-                    a.compile_context = v.as_str_id().unwrap_or(NO_STR);
-                    self.seen_compile_context = true;
-                }
-                k::USER_METADATA => {
-                    a.user_metadata = v.as_str_id().unwrap_or(NO_STR);
-                    self.seen_user_metadata = true;
-                }
-                k::POOL_ID => {
-                    if let Some(p) = pair(v) {
-                        a.set_pool_id(p);
-                    }
-                    self.seen_pool_id = true;
-                }
-                // Written only when non-empty (2.15+): its presence dates the file, its value is not used.
-                k::INTERNAL_METADATA => self.seen_internal_metadata = true,
-                _ => {}
-            }
+            self.cx.field(&mut e, &mut a, key, &kv[1])?;
         }
+        self.push_event(e, a)
+    }
+
+    fn push_event(&mut self, mut e: Event, a: EventAttrs) -> Result<Value, String> {
         self.event_attrs.assign(&mut e, a)?;
         let idx = u32::try_from(self.events.len()).map_err(|_| "more than 4 billion trace entries".to_string())?;
         self.events.push(e);
@@ -305,19 +324,48 @@ impl Builder for SnapshotBuilder {
         kind == FRAME || kind == STACK
     }
 
+    fn record_begin(&mut self, first_key: StrId) -> bool {
+        if first_key != k::ACTION {
+            return false;
+        }
+        self.rec = Event::new(Action::Unknown, 0, 0);
+        self.rec_attrs = EventAttrs::default();
+        true
+    }
+
+    #[inline]
+    fn record_field(&mut self, key: StrId, value: &Value) -> bool {
+        self.cx.field(&mut self.rec, &mut self.rec_attrs, key, value).is_ok()
+    }
+
+    fn record_end(&mut self) -> Option<Value> {
+        let e = self.rec.clone();
+        self.push_event(e, self.rec_attrs).ok()
+    }
+
+    fn expected_records(&self) -> usize {
+        self.events.capacity()
+    }
+
+    fn mark(&self) -> usize {
+        self.events.len()
+    }
+
+    fn rewind(&mut self, mark: usize) {
+        self.events.truncate(mark);
+    }
+
     fn close_list(&mut self, items: &[Value]) -> Option<Value> {
         if items.is_empty() || !items.iter().all(|v| matches!(v, Value::Custom(FRAME, _))) {
             return None;
         }
-        self.frame_buf.clear();
-        self.frame_buf.extend(items.iter().map(|v| match v {
+        let cx = &mut self.cx;
+        cx.frame_buf.clear();
+        cx.frame_buf.extend(items.iter().map(|v| match v {
             Value::Custom(_, f) => *f,
             _ => unreachable!("checked above"),
         }));
-        let buf = std::mem::take(&mut self.frame_buf);
-        let id = self.stacks.intern_stack(&buf);
-        self.frame_buf = buf;
-        Some(Value::Custom(STACK, id))
+        Some(Value::Custom(STACK, cx.stacks.intern_stack(&cx.frame_buf)))
     }
 }
 
@@ -346,28 +394,35 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
     // Capped so that a hostile length cannot reserve absurd address space.
     let reserve = (len / MIN_ENTRY_BYTES).min(1 << 23) as usize;
     let mut b = SnapshotBuilder {
-        stacks: Stacks::default(),
-        events: Vec::with_capacity(reserve),
+        cx: EntryCx {
+            stacks: Stacks::default(),
+            frame_buf: Vec::new(),
+            seen_time: false,
+            seen_compile_context: false,
+            seen_user_metadata: false,
+            seen_pool_id: false,
+            seen_internal_metadata: false,
+        },
+        events: {
+            let v = Vec::with_capacity(reserve);
+            crate::huge_pages::advise(&v);
+            v
+        },
         event_attrs: EventAttrTable::default(),
-        frame_buf: Vec::new(),
-        seen_time: false,
-        seen_compile_context: false,
-        seen_user_metadata: false,
-        seen_pool_id: false,
-        seen_internal_metadata: false,
+        rec: Event::new(Action::Unknown, 0, 0),
+        rec_attrs: EventAttrs::default(),
     };
     let parsed = pickle::read(src, &mut b, strings, progress)?;
-    let SnapshotBuilder {
+    let SnapshotBuilder { cx, events: mut all_events, event_attrs, .. } = b;
+    let EntryCx {
         stacks,
-        events: mut all_events,
-        event_attrs,
         seen_time,
         seen_compile_context,
         seen_user_metadata,
         seen_pool_id,
         seen_internal_metadata,
         ..
-    } = b;
+    } = cx;
     let mut d =
         Decoder { strings: &parsed.strings, work_left: parsed.bytes_read.max(1024), stacks, frame_buf: Vec::new() };
     let mut tl = Timeline::default();
@@ -415,8 +470,19 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
             let lists = traces.list_items().ok_or_else(|| {
                 SnapshotError::Shape(format!("'device_traces' is {}, expected a list of lists", traces.type_name()))
             })?;
-            let mut consumed = 0usize;
+            // Which converted events each device's list holds: a run of them (the pickler writes each device's
+            // entries in order, and the reader keeps such a list as a run), or any others.
+            enum Held {
+                Run(usize, usize),
+                Each(Vec<usize>),
+            }
+            let mut held = Vec::new();
             for (dev, list) in lists.iter().enumerate() {
+                if let Some(run) = list.custom_run().filter(|r| r.kind == TRACE) {
+                    d.spend(run.len as usize, "device_traces")?;
+                    held.push((dev, Held::Run(run.first as usize, run.len as usize)));
+                    continue;
+                }
                 let entries = list.list_items().ok_or_else(|| {
                     SnapshotError::Shape(format!("device_traces[{dev}] is {}, expected a list", list.type_name()))
                 })?;
@@ -424,48 +490,47 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
                     continue;
                 }
                 d.spend(entries.len(), "device_traces")?;
-                for (i, e) in entries.iter().enumerate() {
-                    if !matches!(e, Value::Custom(TRACE, _)) {
-                        return Err(SnapshotError::Shape(format!(
+                let each = entries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| match e {
+                        Value::Custom(TRACE, j) => Ok(*j as usize),
+                        _ => Err(SnapshotError::Shape(format!(
                             "device_traces[{dev}][{i}] is {}, expected a trace entry dict with an 'action'",
                             e.type_name()
-                        )));
-                    }
+                        ))),
+                    })
+                    .collect::<Result<Vec<usize>, _>>()?;
+                let contiguous = each.windows(2).all(|w| w[1] == w[0] + 1);
+                held.push((dev, if contiguous { Held::Run(each[0], each.len()) } else { Held::Each(each) }));
+            }
+            // Runs in order that share no event can be moved out of the table; anything else (an entry dict
+            // referenced again through the memo, say) is copied.
+            let mut end = 0;
+            let movable = held.iter().all(|(_, h)| match *h {
+                Held::Run(first, len) if first >= end => {
+                    end = first + len;
+                    true
                 }
-                // The pickler writes each device's entries in order, so they are the next run of converted
-                // events: move that run instead of copying it.
-                let idx = |v: &Value| match v {
-                    Value::Custom(_, i) => *i as usize - consumed,
-                    _ => unreachable!("checked above"),
+                _ => false,
+            });
+            let mut consumed = 0usize;
+            for (dev, h) in held {
+                let events = match h {
+                    Held::Run(first, len) if movable => {
+                        // Dicts read before the trace that looked like entries (an `action` key) may precede the
+                        // run: drop them in place, then move the run out (no second copy of the trace).
+                        all_events.drain(..first - consumed);
+                        let rest = all_events.split_off(len);
+                        consumed = first + len;
+                        std::mem::replace(&mut all_events, rest)
+                    }
+                    Held::Run(first, len) => (first..first + len).map(|j| event_at(&all_events, j)).collect(),
+                    Held::Each(each) => each.iter().map(|&j| event_at(&all_events, j)).collect(),
                 };
-                // Dicts read before the trace that looked like entries (an `action` key) may precede the run.
-                let first = match entries[0] {
-                    Value::Custom(_, j) => j as usize,
-                    _ => unreachable!("checked above"),
-                };
-                let contiguous = first >= consumed
-                    && entries.iter().enumerate().all(|(i, e)| match e {
-                        Value::Custom(_, j) => *j as usize == first + i,
-                        _ => false,
-                    });
-                let events = if contiguous {
-                    // Drop what precedes the run in place (a move within the buffer, no second copy of the trace).
-                    all_events.drain(..first - consumed);
-                    let rest = all_events.split_off(entries.len());
-                    consumed = first + entries.len();
-                    std::mem::replace(&mut all_events, rest)
-                } else {
-                    entries
-                        .iter()
-                        .map(|e| match e {
-                            Value::Custom(_, j) if (*j as usize) >= consumed => all_events[idx(e)].clone(),
-                            _ => Event::new(Action::Unknown, 0, 0),
-                        })
-                        .collect()
-                };
-                let d = tl.device_mut(dev as i64);
-                d.events = events;
-                d.event_attrs = event_attrs.clone();
+                let dt = tl.device_mut(dev as i64);
+                dt.events = events;
+                dt.event_attrs = event_attrs.clone();
             }
         }
         if let Some(s) = dict_get(&items, k::ALLOCATOR_SETTINGS) {
@@ -502,6 +567,12 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
     tl.strings = parsed.strings;
     fill_capture_info(&mut tl, version.time);
     Ok(Snapshot { timeline: tl, format_version, protocol: parsed.protocol, bytes: parsed.bytes_read })
+}
+
+/// Converted event `j`. Every trace value the reader hands out names an event it keeps, so the fallback (an
+/// unknown event) only guards against a bug turning into a panic.
+fn event_at(events: &[Event], j: usize) -> Event {
+    events.get(j).cloned().unwrap_or_else(|| Event::new(Action::Unknown, 0, 0))
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -33,6 +33,20 @@ pub enum Action {
 }
 
 impl Action {
+    pub const ALL: [Action; 11] = [
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::SegmentMap,
+        Action::SegmentUnmap,
+        Action::Snapshot,
+        Action::Oom,
+        Action::Annotate,
+        Action::Unknown,
+    ];
+
     pub fn from_name(s: &str) -> Action {
         match s {
             "alloc" => Action::Alloc,
@@ -210,6 +224,11 @@ impl EventAttrTable {
 
     pub fn len(&self) -> usize {
         self.list.len()
+    }
+
+    /// Every distinct attribute set, indexed by [`Event::attrs_id`].
+    pub fn all(&self) -> &[EventAttrs] {
+        &self.list
     }
 
     pub fn is_empty(&self) -> bool {

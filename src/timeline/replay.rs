@@ -720,6 +720,8 @@ fn forward(dev: &DeviceTimeline, start: State, rules: &Rules) -> Pass {
     let mut peak_reserved = (st.reserved, None);
     let mut allocated_series = Vec::with_capacity(events.len());
     let mut reserved_series = Vec::with_capacity(events.len());
+    crate::huge_pages::advise(&allocated_series);
+    crate::huge_pages::advise(&reserved_series);
     for (i, e) in events.iter().enumerate() {
         if i % CHECKPOINT_EVERY == 0 {
             checkpoints.push(st.clone());

@@ -1,0 +1,33 @@
+//! Large buffers backed by transparent huge pages where the kernel offers them on request (`madvise` mode).
+//!
+//! Reading a million-entry snapshot touches ~80 MB of fresh memory. With 4 KiB pages that is ~20,000 page faults,
+//! and in a virtual machine each costs microseconds: measured here, a quarter of the run was spent in the kernel.
+//! A 2 MiB page takes one fault for what 512 small ones did. Pages are still only backed when first touched, so
+//! a reservation that is never filled costs no memory.
+
+/// Asks for huge pages under `v`'s whole capacity. Does nothing for buffers too small to hold one, or off Linux.
+pub fn advise<T>(v: &Vec<T>) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let bytes = v.capacity() * std::mem::size_of::<T>();
+        if bytes < 2 * HUGE {
+            return;
+        }
+        let start = v.as_ptr() as usize;
+        let end = start + bytes;
+        // Whole pages inside the buffer only: the advice applies to the mapping, and a neighbour's page must not
+        // change.
+        let page = 4096;
+        let (first, last) = (start.div_ceil(page) * page, end / page * page);
+        if last > first {
+            // SAFETY: the range lies inside memory `v` owns; MADV_HUGEPAGE changes how it is backed, not its
+            // contents, and failure (no THP support) is harmless.
+            unsafe {
+                libc::madvise(first as *mut libc::c_void, last - first, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = v;
+}

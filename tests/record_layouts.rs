@@ -1,0 +1,325 @@
+//! Trace entries are read three ways: field by field as records, at fixed offsets once their byte layout is
+//! known, and by the generic pickle machine when neither fits. These pickles are written opcode by opcode so that
+//! every integer width and every way out of the fast paths is exercised, and each must give the events the file
+//! holds (or the generic path's error).
+
+use std::collections::HashMap;
+
+use oomdoc::ingest::snapshot;
+use oomdoc::timeline::{Action, DeviceTimeline, Timeline};
+
+/// A pickle writer for protocol 4, memoizing as Python's pickler does.
+struct Writer {
+    b: Vec<u8>,
+    memo: u32,
+    strs: HashMap<String, u32>,
+}
+
+impl Writer {
+    fn new() -> Writer {
+        Writer { b: vec![0x80, 4], memo: 0, strs: HashMap::new() }
+    }
+
+    fn memoize(&mut self) -> u32 {
+        self.b.push(0x94);
+        self.memo += 1;
+        self.memo - 1
+    }
+
+    fn get(&mut self, slot: u32) {
+        if slot < 256 {
+            self.b.extend([b'h', slot as u8]);
+        } else {
+            self.b.push(b'j');
+            self.b.extend(slot.to_le_bytes());
+        }
+    }
+
+    /// A str, memoized the first time and referenced after.
+    fn str(&mut self, s: &str) {
+        if let Some(&slot) = self.strs.get(s) {
+            return self.get(slot);
+        }
+        self.b.extend([0x8c, s.len() as u8]);
+        self.b.extend(s.as_bytes());
+        let slot = self.memoize();
+        self.strs.insert(s.to_string(), slot);
+    }
+
+    /// An int in the narrowest encoding, as Python writes it.
+    fn int(&mut self, v: i64) {
+        match v {
+            0..=0xff => self.b.extend([b'K', v as u8]),
+            0x100..=0xffff => {
+                self.b.push(b'M');
+                self.b.extend((v as u16).to_le_bytes());
+            }
+            _ if i32::try_from(v).is_ok() => {
+                self.b.push(b'J');
+                self.b.extend((v as i32).to_le_bytes());
+            }
+            _ => {
+                let bytes = v.to_le_bytes();
+                let mut n = 8;
+                while n > 1
+                    && ((bytes[n - 1] == 0 && bytes[n - 2] & 0x80 == 0)
+                        || (bytes[n - 1] == 0xff && bytes[n - 2] & 0x80 != 0))
+                {
+                    n -= 1;
+                }
+                self.long1(&bytes[..n]);
+            }
+        }
+    }
+
+    fn long1(&mut self, bytes: &[u8]) {
+        self.b.extend([0x8a, bytes.len() as u8]);
+        self.b.extend(bytes);
+    }
+
+    fn dict_open(&mut self) {
+        self.b.push(b'}');
+        self.memoize();
+        self.b.push(b'(');
+    }
+
+    fn list_open(&mut self) {
+        self.b.push(b']');
+        self.memoize();
+        self.b.push(b'(');
+    }
+
+    fn raw(&mut self, bytes: &[u8]) {
+        self.b.extend(bytes);
+    }
+}
+
+/// Writes `{"segments": [], <extra>, "device_traces": [[entries of device 0], …]}`; `entry` writes one entry's
+/// key/value pairs (the dict around them is written here) and returns the dict's memo slot through `slots`.
+fn snapshot_with(
+    extra: impl FnOnce(&mut Writer),
+    devices: &[usize],
+    mut entry: impl FnMut(&mut Writer, usize, usize),
+) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.dict_open();
+    w.str("segments");
+    w.b.push(b']');
+    w.memoize();
+    extra(&mut w);
+    w.str("device_traces");
+    w.list_open();
+    for (dev, &n) in devices.iter().enumerate() {
+        w.list_open();
+        for i in 0..n {
+            // Batches of 1000, as the pickler writes them.
+            if i > 0 && i % 1000 == 0 {
+                w.raw(b"e(");
+            }
+            entry(&mut w, dev, i);
+        }
+        w.raw(b"e");
+    }
+    w.raw(b"eu.");
+    w.b
+}
+
+fn read(bytes: &[u8]) -> Timeline {
+    snapshot::read(bytes, None).unwrap_or_else(|e| panic!("{e}")).timeline
+}
+
+fn dev(tl: &Timeline, d: i64) -> &DeviceTimeline {
+    tl.device(d).unwrap_or_else(|| panic!("no device {d}"))
+}
+
+/// An entry of the usual torch layout with the given addr, size and stream encodings.
+fn entry(w: &mut Writer, action: &str, addr: impl FnOnce(&mut Writer), size: i64, stream: impl FnOnce(&mut Writer)) {
+    w.b.push(b'}');
+    w.memoize();
+    w.b.push(b'(');
+    w.str("action");
+    w.str(action);
+    w.str("addr");
+    addr(w);
+    w.str("size");
+    w.int(size);
+    w.str("stream");
+    stream(w);
+    w.str("time_us");
+    w.int(1_700_000_000_000_000);
+    w.b.push(b'u');
+}
+
+#[test]
+fn every_long1_width_reads_back_exactly() {
+    // Per width 1..=8, three entries alike: the first teaches the layout, the others are read from it.
+    let value = |n: usize, k: usize| -> Vec<u8> {
+        let mut b: Vec<u8> = (0..n).map(|i| (0x11 * (i as u8 + 1)) ^ k as u8).collect();
+        b[n - 1] &= 0x7f; // positive: addresses are non-negative
+        b
+    };
+    let expect = |b: &[u8]| -> u64 {
+        let mut a = [0u8; 8];
+        a[..b.len()].copy_from_slice(b);
+        u64::from_le_bytes(a)
+    };
+    let bytes = snapshot_with(
+        |_| {},
+        &[24],
+        |w, _, i| {
+            let (n, k) = (i / 3 + 1, i % 3);
+            let v = value(n, k);
+            // A stream of all ones in n bytes is -1: kept as its bit pattern.
+            let ones = vec![0xffu8; n];
+            entry(w, "alloc", |w| w.long1(&v), 512 << k, |w| w.long1(&ones));
+        },
+    );
+    let tl = read(&bytes);
+    let d = dev(&tl, 0);
+    assert_eq!(d.events.len(), 24);
+    for (i, e) in d.events.iter().enumerate() {
+        let (n, k) = (i / 3 + 1, i % 3);
+        assert_eq!(e.addr, expect(&value(n, k)), "entry {i}: LONG1 of {n} bytes");
+        assert_eq!(e.size, 512 << k);
+        assert_eq!(d.attrs(e).stream, u64::MAX, "entry {i}: -1 in {n} bytes");
+        assert_eq!(e.action, Action::Alloc);
+        assert_eq!(e.time_us(), Some(1_700_000_000_000_000));
+    }
+}
+
+#[test]
+fn narrow_and_wide_ints_and_memo_references_read_back() {
+    // Sizes in every encoding Python uses (K, M, J, LONG1), actions by memo reference once seen.
+    let sizes = [7i64, 300, 70_000, 3 << 30, 5 << 40, 200, 65_535, i32::MAX as i64];
+    let actions = ["alloc", "free_requested", "free_completed", "segment_alloc"];
+    let bytes = snapshot_with(
+        |_| {},
+        &[sizes.len() * 4],
+        |w, _, i| {
+            let size = sizes[i % sizes.len()];
+            entry(w, actions[i % 4], |w| w.int(0x7f00_0000_0000 + i as i64 * 4096), size, |w| w.int(0));
+        },
+    );
+    let tl = read(&bytes);
+    let d = dev(&tl, 0);
+    assert_eq!(d.events.len(), sizes.len() * 4);
+    for (i, e) in d.events.iter().enumerate() {
+        assert_eq!(e.size, sizes[i % sizes.len()] as u64, "entry {i}");
+        assert_eq!(e.addr, 0x7f00_0000_0000 + i as u64 * 4096);
+        assert_eq!(e.action, Action::from_name(actions[i % 4]));
+    }
+}
+
+#[test]
+fn a_known_layout_holding_a_bad_value_gets_the_generic_error() {
+    // Entries whose addr is a memo reference: first to an int, then (same bytes but for the index) to a str.
+    let int_slot = std::cell::Cell::new(0);
+    let str_slot = std::cell::Cell::new(0);
+    let bytes = snapshot_with(
+        |w| {
+            w.str("extra");
+            w.list_open();
+            w.int(4096);
+            int_slot.set(w.memoize());
+            w.str("not an address");
+            str_slot.set(w.strs["not an address"]);
+            w.b.push(b'e');
+        },
+        &[5],
+        |w, _, i| {
+            let slot = if i < 4 { int_slot.get() } else { str_slot.get() };
+            entry(w, "alloc", |w| w.get(slot), 512, |w| w.int(0));
+        },
+    );
+    let err = snapshot::read(&bytes[..], None).err().expect("a str address is an error").to_string();
+    assert!(err.contains("trace entry: 'addr' is a str, expected a non-negative int"), "{err}");
+}
+
+#[test]
+fn a_trace_longer_than_the_fast_window_has_each_event_once() {
+    // ~60 bytes an entry: 5000 entries are several times the fast path's window, so the first attempt at the
+    // whole list gives up part-way after converting hundreds of entries, which must not be kept twice.
+    let n = 5000;
+    let bytes = snapshot_with(
+        |_| {},
+        &[n, 3],
+        |w, dev, i| {
+            let addr = 0x7f00_0000_0000 + (dev * n + i) as i64 * 512;
+            entry(w, if i % 2 == 0 { "alloc" } else { "free_completed" }, |w| w.int(addr), 512, |w| w.int(0));
+        },
+    );
+    let tl = read(&bytes);
+    for (d, count) in [(0, n), (1, 3)] {
+        let events = &dev(&tl, d).events;
+        assert_eq!(events.len(), count, "device {d}");
+        for (i, e) in events.iter().enumerate() {
+            assert_eq!(e.addr, 0x7f00_0000_0000 + (d as usize * n + i) as u64 * 512, "device {d} entry {i}");
+        }
+    }
+}
+
+#[test]
+fn an_entry_referenced_again_through_the_memo_is_the_same_event() {
+    // device 1's list holds device 0's second and first entry dicts again, by memo reference.
+    let mut w = Writer::new();
+    w.dict_open();
+    w.str("device_traces");
+    w.list_open();
+    w.list_open();
+    let mut slots = Vec::new();
+    for i in 0..4 {
+        slots.push(w.memo);
+        entry(&mut w, "alloc", |w| w.int(0x7f00_0000_0000 + i * 512), 512 + i, |w| w.int(0));
+    }
+    w.raw(b"e");
+    w.list_open();
+    w.get(slots[1]);
+    w.get(slots[0]);
+    w.raw(b"ee");
+    w.raw(b"u.");
+    let tl = read(&w.b);
+    let d0 = &dev(&tl, 0).events;
+    let d1 = &dev(&tl, 1).events;
+    assert_eq!(d0.len(), 4);
+    assert_eq!(d1.len(), 2);
+    assert_eq!((d1[0].addr, d1[0].size), (d0[1].addr, d0[1].size));
+    assert_eq!((d1[1].addr, d1[1].size), (d0[0].addr, d0[0].size));
+}
+
+#[test]
+fn entries_the_layouts_cannot_hold_are_read_field_by_field() {
+    // A pool id tuple, an inline (new) str and a float in each entry: no fixed layout, still every value.
+    let bytes = snapshot_with(
+        |_| {},
+        &[6],
+        |w, _, i| {
+            w.b.push(b'}');
+            w.memoize();
+            w.b.push(b'(');
+            w.str("action");
+            w.str("alloc");
+            w.str("addr");
+            w.int(4096 * (i as i64 + 1));
+            w.str("size");
+            w.int(512);
+            w.str("pool_id");
+            w.int(i as i64);
+            w.int(7);
+            w.b.push(0x86);
+            w.str("compile_context");
+            w.str(&format!("ctx {i}"));
+            w.str("user_metadata");
+            w.b.push(b'G');
+            w.b.extend(1.5f64.to_be_bytes());
+            w.b.push(b'u');
+        },
+    );
+    let tl = read(&bytes);
+    let d = dev(&tl, 0);
+    assert_eq!(d.events.len(), 6);
+    for (i, e) in d.events.iter().enumerate() {
+        assert_eq!(e.addr, 4096 * (i as u64 + 1));
+        assert_eq!(d.attrs(e).pool_id(), Some((i as i64, 7)));
+        assert_eq!(tl.str(d.attrs(e).compile_context), format!("ctx {i}"));
+    }
+}
