@@ -138,13 +138,67 @@ pub struct Context<'a> {
     pub tl: &'a Timeline,
     pub dev: &'a DeviceTimeline,
     pub replay: &'a Replay<'a>,
+    /// The allocator state at the report's moment.
+    pub state: &'a crate::timeline::replay::State,
     pub report: &'a DeviceReport,
     /// The GPU's capacity, when the user gave it.
     pub gpu_memory: Option<u64>,
 }
 
-/// Computes every fact for one device.
-pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
+/// The facts that need only the events and the categories of their stacks, and those categories (one per event):
+/// computed while the replay runs on another core (see `analysis::analyze_device`).
+pub struct EventFacts {
+    kinds: Vec<u8>,
+    steps: Vec<usize>,
+    facts: Facts,
+}
+
+pub fn event_facts(dev: &DeviceTimeline, cats: &mut CategoryCache) -> EventFacts {
+    let events = &dev.events;
+    let mut f = Facts::default();
+    // Every later pass asks "what kind of allocation is this event?": answer once per event, classifying each
+    // stack once (stack ids are dense, so a table indexed by them does it without hashing).
+    const UNSET: u8 = u8::MAX - 1;
+    let mut by_stack: Vec<u8> = Vec::new();
+    let kinds: Vec<u8> = events
+        .iter()
+        .map(|e| {
+            if e.stack == EMPTY_STACK {
+                return NONE;
+            }
+            let s = e.stack as usize;
+            if s >= by_stack.len() {
+                by_stack.resize(s + 1, UNSET);
+            }
+            if by_stack[s] == UNSET {
+                by_stack[s] = kind_index(cats.of(e.stack));
+            }
+            by_stack[s]
+        })
+        .collect();
+    let comm = kind_index("communication");
+    f.flag(
+        "nccl.seen",
+        kinds.contains(&comm) || dev.segments.iter().any(|s| cats.of(s.stack) == "communication"),
+        "NCCL / c10d frames appear in the file",
+    );
+    let mut steps = Vec::new();
+    if !events.is_empty() {
+        segment_facts(&mut f, events);
+        steps = optimizer_steps(events, &kinds);
+        f.num(
+            "iter.count",
+            steps.len() as f64,
+            Unit::Count,
+            "optimizer steps seen (clusters of torch.optim allocations)",
+        );
+        ddp_facts(&mut f, events, &kinds, &steps);
+    }
+    EventFacts { kinds, steps, facts: f }
+}
+
+/// Computes every fact for one device, given those computed from its events alone.
+pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: EventFacts, leaks: LeakPass) -> Facts {
     let mut f = Facts::default();
     let r = cx.report;
     let events = &cx.dev.events;
@@ -232,12 +286,7 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
 
     // Live memory by category, at the moment.
     let mut by_cat: FxHashMap<&'static str, (u64, usize)> = FxHashMap::default();
-    let state = if events.is_empty() {
-        crate::timeline::replay::State::from_segments(&cx.dev.segments)
-    } else {
-        cx.replay.state_at(r.event_index)
-    };
-    for (_, _, b) in state.allocated_blocks() {
+    for (_, _, b) in cx.state.allocated_blocks() {
         let e = by_cat.entry(cats.of(b.stack)).or_default();
         e.0 += b.size;
         e.1 += 1;
@@ -276,43 +325,14 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache) -> Facts {
 
     // Memory outside PyTorch.
     super::observed::outside_pytorch_facts(&mut f, r, cx.gpu_memory);
-    // Every later pass asks "what kind of allocation is this event?": answer once per event, classifying each
-    // stack once (stack ids are dense, so a table indexed by them does it without hashing).
-    const UNSET: u8 = u8::MAX - 1;
-    let mut by_stack: Vec<u8> = Vec::new();
-    let kinds: Vec<u8> = events
-        .iter()
-        .map(|e| {
-            if e.stack == EMPTY_STACK {
-                return NONE;
-            }
-            let s = e.stack as usize;
-            if s >= by_stack.len() {
-                by_stack.resize(s + 1, UNSET);
-            }
-            if by_stack[s] == UNSET {
-                by_stack[s] = kind_index(cats.of(e.stack));
-            }
-            by_stack[s]
-        })
-        .collect();
-    let comm = kind_index("communication");
-    f.flag(
-        "nccl.seen",
-        kinds.contains(&comm) || cx.dev.segments.iter().any(|s| cats.of(s.stack) == "communication"),
-        "NCCL / c10d frames appear in the file",
-    );
-
+    let EventFacts { kinds, steps, facts } = ev;
+    f.map.extend(facts.map);
     if events.is_empty() {
         return f;
     }
-    segment_facts(&mut f, events);
     let cx = &Ctx { cx, kinds: &kinds };
-    let steps = optimizer_steps(cx);
-    f.num("iter.count", steps.len() as f64, Unit::Count, "optimizer steps seen (clusters of torch.optim allocations)");
     iteration_peaks(&mut f, cx, &steps);
-    leak_facts(&mut f, cx, &steps);
-    ddp_facts(&mut f, cx, &steps);
+    leak_facts(&mut f, cx, leaks);
     kv_facts(&mut f, cx);
     compile_facts(&mut f, cx);
     f
@@ -374,16 +394,16 @@ fn segment_facts(f: &mut Facts, events: &[crate::timeline::Event]) {
 
 /// Ends of optimizer steps: the last event of each run of allocations made under `torch.optim` (or another
 /// optimizer's `step`), the natural boundary between training iterations.
-fn optimizer_steps(cx: &Ctx) -> Vec<usize> {
+fn optimizer_steps(events: &[crate::timeline::Event], kinds: &[u8]) -> Vec<usize> {
     let mut ends = Vec::new();
     let mut in_step = false;
     let mut last = 0;
     let optimizer = kind_index("optimizer_state");
-    for (i, e) in cx.dev.events.iter().enumerate() {
+    for (i, e) in events.iter().enumerate() {
         if e.action != Action::Alloc {
             continue;
         }
-        let opt = cx.kinds[i] == optimizer;
+        let opt = kinds[i] == optimizer;
         if opt {
             in_step = true;
             last = i;
@@ -425,14 +445,19 @@ fn iteration_peaks(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
 
 /// Live bytes and counts per stack at chosen event indices (requested sizes; a block's rounding does not matter
 /// for growth).
-fn live_per_stack_at(cx: &Ctx, marks: &[usize], keep: &dyn Fn(u8) -> bool) -> Vec<FxHashMap<StackId, (u64, u32)>> {
+fn live_per_stack_at(
+    events: &[crate::timeline::Event],
+    kinds: &[u8],
+    marks: &[usize],
+    keep: &dyn Fn(u8) -> bool,
+) -> Vec<FxHashMap<StackId, (u64, u32)>> {
     let mut live: FxHashMap<u64, (StackId, u64)> = FxHashMap::default();
     let mut per: FxHashMap<StackId, (u64, u32)> = FxHashMap::default();
     let mut out = Vec::with_capacity(marks.len());
     let mut next = 0;
-    for (i, e) in cx.dev.events.iter().enumerate() {
+    for (i, e) in events.iter().enumerate() {
         match e.action {
-            Action::Alloc if e.stack != EMPTY_STACK && keep(cx.kinds[i]) => {
+            Action::Alloc if e.stack != EMPTY_STACK && keep(kinds[i]) => {
                 if let Some((s, b)) = live.insert(e.addr, (e.stack, e.size)) {
                     let p = per.entry(s).or_default();
                     p.0 = p.0.saturating_sub(b);
@@ -497,30 +522,51 @@ fn allocation_cycles(series: &[u64]) -> usize {
     cycles
 }
 
-/// leaked-references: one stack whose live allocations keep accumulating across iterations.
-fn leak_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
-    let last = cx.report.event_index.map_or(cx.dev.events.len() - 1, |i| i as usize);
-    // Iteration boundaries if the trace shows optimizer steps, else evenly spaced points.
-    let cycles = allocation_cycles(&cx.replay.allocated_series[..=last.min(cx.replay.allocated_series.len() - 1)]);
-    f.num("trace.cycles", cycles as f64, Unit::Count, "rise-and-fall cycles of allocated memory (repeated work)");
+/// What [`leak_facts`] needs from the trace: its rise-and-fall cycles and, when there is repeated work to compare,
+/// the live set per stack at each interval's end. Computed beside the report, on another core.
+pub struct LeakPass {
+    cycles: usize,
+    intervals: Option<Intervals>,
+}
+
+struct Intervals {
+    marks: Vec<usize>,
+    per_iteration: bool,
+    snaps: Vec<FxHashMap<StackId, (u64, u32)>>,
+}
+
+/// The leak pass up to event `last` (the report's moment).
+pub fn leak_pass(dev: &DeviceTimeline, replay: &Replay, ev: &EventFacts, last: usize) -> LeakPass {
+    let series = &replay.allocated_series;
+    if series.is_empty() {
+        return LeakPass { cycles: 0, intervals: None };
+    }
+    let cycles = allocation_cycles(&series[..=last.min(series.len() - 1)]);
     // Growth means something only across repeated work: iterations at the optimizer's steps, or else a trace
     // whose allocated memory visibly rises and falls again and again (one training step also accumulates
     // gradients steadily — that is not a leak).
-    let (marks, per_iteration) = if steps.len() >= 3 {
-        let mut m: Vec<usize> = steps.iter().copied().filter(|&s| s <= last).collect();
+    let (marks, per_iteration) = if ev.steps.len() >= 3 {
+        let mut m: Vec<usize> = ev.steps.iter().copied().filter(|&s| s <= last).collect();
         m.push(last);
         m.dedup();
         (m, true)
     } else if cycles >= 4 {
         (even_marks(last, 16), false)
     } else {
-        return;
+        return LeakPass { cycles, intervals: None };
     };
     if marks.len() < 4 {
-        return;
+        return LeakPass { cycles, intervals: None };
     }
     let skip = ["kv_cache", "parameter", "optimizer_state", "compile"].map(kind_index);
-    let snaps = live_per_stack_at(cx, &marks, &|k| !skip.contains(&k));
+    let snaps = live_per_stack_at(&dev.events, &ev.kinds, &marks, &|k| !skip.contains(&k));
+    LeakPass { cycles, intervals: Some(Intervals { marks, per_iteration, snaps }) }
+}
+
+/// leaked-references: one stack whose live allocations keep accumulating across iterations.
+fn leak_facts(f: &mut Facts, cx: &Ctx, leaks: LeakPass) {
+    f.num("trace.cycles", leaks.cycles as f64, Unit::Count, "rise-and-fall cycles of allocated memory (repeated work)");
+    let Some(Intervals { marks, per_iteration, snaps }) = leaks.intervals else { return };
     // Score each stack alive at the end: how steadily its live count rose from boundary to boundary.
     let end = snaps.last().expect("marks non-empty");
     let mut best: Option<(StackId, f64, u64, u32, f64)> = None;
@@ -568,7 +614,7 @@ fn leak_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
 }
 
 /// missing-no-sync: gradient all-reduce in every micro-batch, not only the one before the optimizer step.
-fn ddp_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
+fn ddp_facts(f: &mut Facts, events: &[crate::timeline::Event], kinds: &[u8], steps: &[usize]) {
     if steps.is_empty() {
         return;
     }
@@ -583,12 +629,12 @@ fn ddp_facts(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
         let (mut bursts, mut forwards) = (0usize, 0usize);
         let mut in_comm = false;
         let mut in_fwd = false;
-        for (i, e) in cx.dev.events.iter().enumerate().take(end + 1).skip(start) {
+        for (i, e) in events.iter().enumerate().take(end + 1).skip(start) {
             if e.action != Action::Alloc {
                 continue;
             }
             // The autograd engine allocates from its own thread: without C++ frames its stacks are empty.
-            let kind = if cx.kinds[i] == NONE { gradient } else { cx.kinds[i] };
+            let kind = if kinds[i] == NONE { gradient } else { kinds[i] };
             match kind {
                 _ if kind == comm => {
                     comm_allocs += 1;
@@ -655,7 +701,7 @@ fn kv_facts(f: &mut Facts, cx: &Ctx) {
     // allocated moment is seen to level off.
     let last = cx.report.oom.as_ref().and_then(|o| o.event_index).map_or(cx.dev.events.len() - 1, |i| i as usize);
     let marks = even_marks(last, 16);
-    let snaps = live_per_stack_at(cx, &marks, &|k| k == kv);
+    let snaps = live_per_stack_at(&cx.dev.events, cx.kinds, &marks, &|k| k == kv);
     let series: Vec<u64> = snaps.iter().map(|s| s.values().map(|v| v.0).sum()).collect();
     let Some(first) = series.iter().position(|&b| b > 0) else { return };
     let tail = &series[first..];

@@ -328,7 +328,14 @@ fn analyze_device(
     opts: &Options,
     cats: &categories::Categorizer,
 ) -> Result<DeviceReport, String> {
-    let replay = Replay::new(dev, tl.settings.as_ref());
+    // The replay and the event-only facts are the two long passes over the trace and need nothing of each other:
+    // run them on two cores.
+    let mut cache = categories::CategoryCache::new(cats, tl);
+    let (replay, event_facts) = std::thread::scope(|s| {
+        let replaying = s.spawn(|| Replay::new(dev, tl.settings.as_ref()));
+        let event_facts = facts::event_facts(dev, &mut cache);
+        (replaying.join().unwrap_or_else(|p| std::panic::resume_unwind(p)), event_facts)
+    });
     let events = &dev.events;
     let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
     let oom_count = events.iter().filter(|e| e.action == Action::Oom).count();
@@ -359,6 +366,46 @@ fn analyze_device(
             ("time", i.map(|i| i as u32))
         }
     };
+    let last_event = idx.map_or(events.len().saturating_sub(1), |i| i as usize);
+    // The leak pass (the live set per stack at each iteration's end) needs the replay's series and nothing of the
+    // report: run it beside the report.
+    let (state, mut report, leaks) = std::thread::scope(|s| {
+        let leaks = s.spawn(|| facts::leak_pass(dev, &replay, &event_facts, last_event));
+        let (state, report) = device_report(tl, dev, opts, &replay, moment, idx, oom_count);
+        (state, report, leaks.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    });
+    let cx = facts::Context { tl, dev, replay: &replay, state: &state, report: &report, gpu_memory: opts.gpu_memory };
+    let facts = facts::compute(&cx, &mut cache, event_facts, leaks);
+    let mut by_category: Vec<CategoryBytes> = categories::CATEGORIES
+        .iter()
+        .filter_map(|c| {
+            let b = facts.get(&format!("live.{c}_bytes"))?.value.clone();
+            let n = facts.get(&format!("live.{c}_count"))?.value.clone();
+            match (b, n) {
+                (crate::rules::expr::Val::Num(b), crate::rules::expr::Val::Num(n)) if b > 0.0 => {
+                    Some(CategoryBytes { category: c, bytes: b as u64, count: n as usize })
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    by_category.sort_by_key(|c| std::cmp::Reverse(c.bytes));
+    report.by_category = by_category;
+    report.facts = facts;
+    Ok(report)
+}
+
+/// The report of one device at `moment` (event `idx`), with the allocator state there.
+fn device_report(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    opts: &Options,
+    replay: &Replay,
+    moment: &'static str,
+    idx: Option<u32>,
+    oom_count: usize,
+) -> (State, DeviceReport) {
+    let events = &dev.events;
     let state = if events.is_empty() { State::from_segments(&dev.segments) } else { replay.state_at(idx) };
     let time_us = idx.and_then(|i| events[i as usize].time_us());
     let end = if events.is_empty() {
@@ -488,7 +535,7 @@ fn analyze_device(
         reserved_bytes: replay.peak_reserved.0,
     });
 
-    let notes = notes(tl, dev, &replay, &trace, no_stack, live_count, oom_count);
+    let notes = notes(tl, dev, replay, &trace, no_stack, live_count, oom_count);
     let mut report = DeviceReport {
         device: dev.device,
         moment,
@@ -517,27 +564,8 @@ fn analyze_device(
         notes,
         facts: facts::Facts::default(),
     };
-    report.observed = observed::summarize(dev, Some(&replay), report.time_us);
-    let mut cache = categories::CategoryCache::new(cats, tl);
-    let cx = facts::Context { tl, dev, replay: &replay, report: &report, gpu_memory: opts.gpu_memory };
-    let facts = facts::compute(&cx, &mut cache);
-    let mut by_category: Vec<CategoryBytes> = categories::CATEGORIES
-        .iter()
-        .filter_map(|c| {
-            let b = facts.get(&format!("live.{c}_bytes"))?.value.clone();
-            let n = facts.get(&format!("live.{c}_count"))?.value.clone();
-            match (b, n) {
-                (crate::rules::expr::Val::Num(b), crate::rules::expr::Val::Num(n)) if b > 0.0 => {
-                    Some(CategoryBytes { category: c, bytes: b as u64, count: n as usize })
-                }
-                _ => None,
-            }
-        })
-        .collect();
-    by_category.sort_by_key(|c| std::cmp::Reverse(c.bytes));
-    report.by_category = by_category;
-    report.facts = facts;
-    Ok(report)
+    report.observed = observed::summarize(dev, Some(replay), report.time_us);
+    (state, report)
 }
 
 fn pool_name(kind: Option<PoolKind>) -> &'static str {

@@ -66,7 +66,7 @@ fn reserved_at(times: &[(usize, i64)], replay: &Replay, t: i64) -> Option<u64> {
     }
     let k = times.partition_point(|&(_, et)| et <= t);
     let idx = times[k.saturating_sub(1)].0;
-    replay.reserved_series.get(idx).copied()
+    replay.reserved_series.get(idx)
 }
 
 /// Summarises the nvidia-smi samples of a device; `replay` (a snapshot's) places them against reserved memory.

@@ -156,8 +156,9 @@ struct SnapshotBuilder {
     events: Vec<Event>,
     /// Shared by every device's events while reading; each device gets a copy.
     event_attrs: EventAttrTable,
-    /// The trace entry being streamed field by field (see [`Builder::record_begin`]).
-    rec: Event,
+    /// The last event is a trace entry still being streamed field by field (see [`Builder::record_begin`]),
+    /// written in place. It is dropped if the record is given up: before anything else is pushed, or at the end.
+    open: bool,
     rec_attrs: EventAttrs,
 }
 
@@ -267,7 +268,15 @@ impl SnapshotBuilder {
         self.push_event(e, a)
     }
 
+    /// Drops a record that was begun and never ended.
+    fn close_open(&mut self) {
+        if std::mem::take(&mut self.open) {
+            self.events.pop();
+        }
+    }
+
     fn push_event(&mut self, mut e: Event, a: EventAttrs) -> Result<Value, String> {
+        self.close_open();
         self.event_attrs.assign(&mut e, a)?;
         let idx = u32::try_from(self.events.len()).map_err(|_| "more than 4 billion trace entries".to_string())?;
         self.events.push(e);
@@ -328,19 +337,27 @@ impl Builder for SnapshotBuilder {
         if first_key != k::ACTION {
             return false;
         }
-        self.rec = Event::new(Action::Unknown, 0, 0);
+        self.close_open();
+        self.events.push(Event::new(Action::Unknown, 0, 0));
+        self.open = true;
         self.rec_attrs = EventAttrs::default();
         true
     }
 
     #[inline]
     fn record_field(&mut self, key: StrId, value: &Value) -> bool {
-        self.cx.field(&mut self.rec, &mut self.rec_attrs, key, value).is_ok()
+        match self.events.last_mut() {
+            Some(e) if self.open => self.cx.field(e, &mut self.rec_attrs, key, value).is_ok(),
+            _ => false,
+        }
     }
 
     fn record_end(&mut self) -> Option<Value> {
-        let e = self.rec.clone();
-        self.push_event(e, self.rec_attrs).ok()
+        let idx = u32::try_from(self.events.len().checked_sub(1)?).ok()?;
+        let e = self.events.last_mut().filter(|_| self.open)?;
+        self.event_attrs.assign(e, self.rec_attrs).ok()?;
+        self.open = false;
+        Some(Value::Custom(TRACE, idx))
     }
 
     fn expected_records(&self) -> usize {
@@ -348,10 +365,11 @@ impl Builder for SnapshotBuilder {
     }
 
     fn mark(&self) -> usize {
-        self.events.len()
+        self.events.len() - self.open as usize
     }
 
     fn rewind(&mut self, mark: usize) {
+        self.close_open();
         self.events.truncate(mark);
     }
 
@@ -409,10 +427,11 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
             v
         },
         event_attrs: EventAttrTable::default(),
-        rec: Event::new(Action::Unknown, 0, 0),
+        open: false,
         rec_attrs: EventAttrs::default(),
     };
     let parsed = pickle::read(src, &mut b, strings, progress)?;
+    b.close_open();
     let SnapshotBuilder { cx, events: mut all_events, event_attrs, .. } = b;
     let EntryCx {
         stacks,

@@ -698,7 +698,67 @@ pub struct Replay<'t> {
     /// Allocated bytes right after each event.
     pub allocated_series: Vec<u64>,
     /// Reserved bytes right after each event.
-    pub reserved_series: Vec<u64>,
+    pub reserved_series: StepSeries,
+}
+
+/// A per-event series that changes at few events, kept as its change points: reserved bytes move only when a
+/// segment comes or goes, and a million 8-byte values saying the same thing cost 8 MB.
+#[derive(Clone, Debug, Default)]
+pub struct StepSeries {
+    /// (first event, value from it on); the first change is at event 0.
+    changes: Vec<(u32, u64)>,
+    len: usize,
+}
+
+impl StepSeries {
+    fn push(&mut self, v: u64) {
+        if self.changes.last().is_none_or(|c| c.1 != v) {
+            self.changes.push((self.len as u32, v));
+        }
+        self.len += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The value right after event `i`.
+    pub fn get(&self, i: usize) -> Option<u64> {
+        if i >= self.len {
+            return None;
+        }
+        let k = self.changes.partition_point(|c| c.0 as usize <= i);
+        Some(self.changes[k - 1].1)
+    }
+
+    pub fn max(&self) -> Option<u64> {
+        self.changes.iter().map(|c| c.1).max()
+    }
+
+    /// The largest value in each run of `per` consecutive events, for a chart.
+    pub fn chunk_max(&self, per: usize) -> Vec<u64> {
+        let per = per.max(1);
+        let mut out = Vec::with_capacity(self.len.div_ceil(per));
+        let mut k = 0;
+        for start in (0..self.len).step_by(per) {
+            let end = (start + per).min(self.len);
+            while k + 1 < self.changes.len() && self.changes[k + 1].0 as usize <= start {
+                k += 1;
+            }
+            let mut m = self.changes[k].1;
+            let mut j = k + 1;
+            while j < self.changes.len() && (self.changes[j].0 as usize) < end {
+                m = m.max(self.changes[j].1);
+                j += 1;
+            }
+            out.push(m);
+        }
+        out
+    }
 }
 
 struct Pass {
@@ -708,7 +768,7 @@ struct Pass {
     peak_reserved: (u64, Option<u32>),
     end: State,
     allocated_series: Vec<u64>,
-    reserved_series: Vec<u64>,
+    reserved_series: StepSeries,
 }
 
 fn forward(dev: &DeviceTimeline, start: State, rules: &Rules) -> Pass {
@@ -719,9 +779,8 @@ fn forward(dev: &DeviceTimeline, start: State, rules: &Rules) -> Pass {
     let mut peak_allocated = (st.allocated, None);
     let mut peak_reserved = (st.reserved, None);
     let mut allocated_series = Vec::with_capacity(events.len());
-    let mut reserved_series = Vec::with_capacity(events.len());
+    let mut reserved_series = StepSeries::default();
     crate::huge_pages::advise(&allocated_series);
-    crate::huge_pages::advise(&reserved_series);
     for (i, e) in events.iter().enumerate() {
         if i % CHECKPOINT_EVERY == 0 {
             checkpoints.push(st.clone());
@@ -900,5 +959,26 @@ mod tests {
         st.apply(&ev(Action::SegmentUnmap, a + (4 << 20), 2 << 20), 3, &r, &EventAttrTable::default()).unwrap();
         assert_eq!(st.reserved, 4 << 20);
         assert_eq!(st.largest_free_block(), 3 << 20);
+    }
+
+    #[test]
+    fn step_series_reads_like_the_full_series() {
+        let full: Vec<u64> = [5, 5, 5, 9, 9, 2, 2, 2, 2, 7, 7, 3].to_vec();
+        let mut st = StepSeries::default();
+        for &v in &full {
+            st.push(v);
+        }
+        assert_eq!(st.changes.len(), 5);
+        assert_eq!(st.len(), full.len());
+        for (i, &v) in full.iter().enumerate() {
+            assert_eq!(st.get(i), Some(v), "event {i}");
+        }
+        assert_eq!(st.get(full.len()), None);
+        assert_eq!(st.max(), Some(9));
+        for per in 1..=13 {
+            let naive: Vec<u64> = full.chunks(per).map(|c| *c.iter().max().unwrap()).collect();
+            assert_eq!(st.chunk_max(per), naive, "per {per}");
+        }
+        assert!(StepSeries::default().chunk_max(4).is_empty());
     }
 }

@@ -136,8 +136,16 @@ fn draw_chart(f: &mut Frame, app: &App, area: Rect) {
     }
     let width = area.width.saturating_sub(12).max(10) as usize * 2;
     let allocated = downsample(&d.replay.allocated_series, width);
-    let reserved = downsample(&d.replay.reserved_series, width);
-    let top = d.replay.reserved_series.iter().copied().max().unwrap_or(1).max(1) as f64 * 1.05;
+    let per = n.div_ceil(width).max(1);
+    let reserved: Vec<(f64, f64)> = d
+        .replay
+        .reserved_series
+        .chunk_max(per)
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| ((i * per) as f64, m as f64))
+        .collect();
+    let top = d.replay.reserved_series.max().unwrap_or(1).max(1) as f64 * 1.05;
     let vline = |x: u32| vec![(x as f64, 0.0), (x as f64, top)];
     let oom = d.oom.map(vline);
     let peak = d.replay.peak_allocated.1.map(vline);
