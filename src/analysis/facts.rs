@@ -522,7 +522,7 @@ fn allocation_cycles(series: &[u64]) -> usize {
     cycles
 }
 
-/// What [`leak_facts`] needs from the trace: its rise-and-fall cycles and, when there is repeated work to compare,
+/// What `leak_facts` needs from the trace: its rise-and-fall cycles and, when there is repeated work to compare,
 /// the live set per stack at each interval's end. Computed beside the report, on another core.
 pub struct LeakPass {
     cycles: usize,

@@ -9,7 +9,11 @@
 //! - the input is streamed through a fixed buffer, never held whole;
 //! - a [`Builder`] sees each dict and list the moment its items are complete and may replace it by a compact
 //!   value of its own ([`Value::Custom`]) — the snapshot reader turns frame dicts into interned frame ids and trace
-//!   entries into plain structs, so no generic tree of millions of small dicts is ever built.
+//!   entries into plain structs, so no generic tree of millions of small dicts is ever built;
+//! - dicts the builder calls records (trace entries) are streamed to it field by field, and once a record's byte
+//!   layout is known, later records with the same layout are read at fixed offsets (`RecordShapes`); a list of
+//!   consecutive records is kept as a run of their numbers. Every fast path gives up to the generic machine on
+//!   anything it does not expect, and the generic machine is the one that reports errors.
 //!
 //! Memo references share values (an `Rc` clone, or a copy of a small inline value), never deep copies, so a
 //! "billion laughs" pickle costs memory linear in its size. Container nesting is capped.
@@ -600,6 +604,10 @@ impl Memo {
         if id >= INLINE_BIT || self.inline_kind.is_some_and(|k| k != kind) {
             return self.push(Value::Custom(kind, id));
         }
+        if self.slots.len() >= INLINE_BIT as usize {
+            self.overflow = true;
+            return;
+        }
         self.inline_kind = Some(kind);
         if self.slots.len() == self.slots.capacity() {
             self.grow();
@@ -1130,7 +1138,7 @@ impl<B: Builder> Machine<'_, B> {
     /// matches a known record layout, pushing their values. `false` (nothing consumed) if the first does not match.
     /// A list of a million trace entries is read here without going round the opcode loop once per entry.
     fn known_records<R: Read>(&mut self, input: &mut Input<R>) -> bool {
-        if !self.memo.sparse.is_empty() || !self.records.worth_trying() {
+        if !self.memo.sparse.is_empty() || self.memo.overwritten || !self.records.worth_trying() {
             return false;
         }
         // A read error here or below: the opcode loop meets it again and reports it.
@@ -1207,7 +1215,9 @@ impl<B: Builder> Machine<'_, B> {
         depth: u32,
         base: u64,
     ) -> Result<Option<Value>, PickleError> {
-        if is_dict && self.records.worth_trying() {
+        // A layout holds its keys as they were when it was learnt: once a memo slot has been stored twice, a key's
+        // memo reference may mean another key, so layouts are no longer trusted.
+        if is_dict && !self.memo.overwritten && self.records.worth_trying() {
             if let Some(v) = self.known_record(cur) {
                 return Ok(Some(v));
             }
@@ -1581,7 +1591,7 @@ impl<B: Builder> Machine<'_, B> {
         let outcome = match outcome {
             Record::Done(_) => match self.builder.record_end() {
                 Some(v) => {
-                    if fixed {
+                    if fixed && !self.memo.overwritten {
                         self.records.learn(&cur.buf[body_start..cur.pos], first_key, &layout);
                     }
                     Record::Done(v)
@@ -1753,17 +1763,22 @@ impl<B: Builder> Machine<'_, B> {
             Some(v) => v.clone(),
             None => return Err(Self::err(off, format!("memo reference {idx} to a value never stored"))),
         };
-        // A reference to a container that is still being filled (only a self-referencing structure does that):
-        // give it real shared storage now, so both references see the same items.
+        // A reference to an empty container not given items yet (an empty `frames` list used again, or a
+        // self-referencing structure still being filled): give it real shared storage now, so both references see
+        // the same items. It is the same object, so this is no second store into the slot.
         let v = match v {
             Value::PendingList(slot) if slot == idx => {
                 let l = Value::List(Rc::new(RefCell::new(List { depth: 1, ..List::default() })));
-                self.memo.put(idx, l.clone());
+                if let Some(m) = self.memo.get_mut(idx) {
+                    *m = l.clone();
+                }
                 l
             }
             Value::PendingDict(slot) if slot == idx => {
                 let d = Value::Dict(Rc::new(RefCell::new(Dict { depth: 1, items: Vec::new() })));
-                self.memo.put(idx, d.clone());
+                if let Some(m) = self.memo.get_mut(idx) {
+                    *m = d.clone();
+                }
                 d
             }
             v => v,

@@ -160,17 +160,25 @@ struct SnapshotBuilder {
     /// written in place. It is dropped if the record is given up: before anything else is pushed, or at the end.
     open: bool,
     rec_attrs: EventAttrs,
+    /// The keys seen before the open record began: what a given-up record must not leave behind.
+    seen_before: Seen,
 }
 
 /// What decoding a trace entry's fields needs besides the entry itself.
 struct EntryCx {
     stacks: Stacks,
     frame_buf: Vec<u32>,
-    seen_time: bool,
-    seen_compile_context: bool,
-    seen_user_metadata: bool,
-    seen_pool_id: bool,
-    seen_internal_metadata: bool,
+    seen: Seen,
+}
+
+/// Which optional trace-entry keys the file uses (they date it).
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    time: bool,
+    compile_context: bool,
+    user_metadata: bool,
+    pool_id: bool,
+    internal_metadata: bool,
 }
 
 fn want_u64(v: &Value, key: &str, what: &str) -> Result<u64, String> {
@@ -201,7 +209,7 @@ impl EntryCx {
             k::TIME_US => {
                 let t = v.as_i64().ok_or_else(|| format!("{W}: 'time_us' is {}, expected an int", v.type_name()))?;
                 e.set_time_us(t);
-                self.seen_time = true;
+                self.seen.time = true;
             }
             k::FRAMES => {
                 e.stack = stack_of(&mut self.stacks, &mut self.frame_buf, v).ok_or_else(|| {
@@ -219,20 +227,20 @@ impl EntryCx {
             }
             k::COMPILE_CONTEXT => {
                 a.compile_context = v.as_str_id().unwrap_or(NO_STR);
-                self.seen_compile_context = true;
+                self.seen.compile_context = true;
             }
             k::USER_METADATA => {
                 a.user_metadata = v.as_str_id().unwrap_or(NO_STR);
-                self.seen_user_metadata = true;
+                self.seen.user_metadata = true;
             }
             k::POOL_ID => {
                 if let Some(p) = pair(v) {
                     a.set_pool_id(p);
                 }
-                self.seen_pool_id = true;
+                self.seen.pool_id = true;
             }
             // Written only when non-empty (2.15+): its presence dates the file, its value is not used.
-            k::INTERNAL_METADATA => self.seen_internal_metadata = true,
+            k::INTERNAL_METADATA => self.seen.internal_metadata = true,
             _ => {}
         }
         Ok(())
@@ -259,6 +267,7 @@ impl SnapshotBuilder {
     }
 
     fn trace_entry(&mut self, items: &[Value]) -> Result<Value, String> {
+        self.close_open();
         let mut e = Event::new(Action::Unknown, 0, 0);
         let mut a = EventAttrs::default();
         for kv in items.chunks_exact(2) {
@@ -268,11 +277,19 @@ impl SnapshotBuilder {
         self.push_event(e, a)
     }
 
-    /// Drops a record that was begun and never ended.
+    /// Drops a record that was begun and never ended, and what its fields said of the file.
+    #[inline]
     fn close_open(&mut self) {
-        if std::mem::take(&mut self.open) {
-            self.events.pop();
+        if self.open {
+            self.abandon_open();
         }
+    }
+
+    #[cold]
+    fn abandon_open(&mut self) {
+        self.open = false;
+        self.events.pop();
+        self.cx.seen = self.seen_before;
     }
 
     fn push_event(&mut self, mut e: Event, a: EventAttrs) -> Result<Value, String> {
@@ -340,6 +357,7 @@ impl Builder for SnapshotBuilder {
         self.close_open();
         self.events.push(Event::new(Action::Unknown, 0, 0));
         self.open = true;
+        self.seen_before = self.cx.seen;
         self.rec_attrs = EventAttrs::default();
         true
     }
@@ -412,15 +430,7 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
     // Capped so that a hostile length cannot reserve absurd address space.
     let reserve = (len / MIN_ENTRY_BYTES).min(1 << 23) as usize;
     let mut b = SnapshotBuilder {
-        cx: EntryCx {
-            stacks: Stacks::default(),
-            frame_buf: Vec::new(),
-            seen_time: false,
-            seen_compile_context: false,
-            seen_user_metadata: false,
-            seen_pool_id: false,
-            seen_internal_metadata: false,
-        },
+        cx: EntryCx { stacks: Stacks::default(), frame_buf: Vec::new(), seen: Seen::default() },
         events: {
             let v = Vec::with_capacity(reserve);
             crate::huge_pages::advise(&v);
@@ -429,19 +439,12 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
         event_attrs: EventAttrTable::default(),
         open: false,
         rec_attrs: EventAttrs::default(),
+        seen_before: Seen::default(),
     };
     let parsed = pickle::read(src, &mut b, strings, progress)?;
     b.close_open();
     let SnapshotBuilder { cx, events: mut all_events, event_attrs, .. } = b;
-    let EntryCx {
-        stacks,
-        seen_time,
-        seen_compile_context,
-        seen_user_metadata,
-        seen_pool_id,
-        seen_internal_metadata,
-        ..
-    } = cx;
+    let EntryCx { stacks, seen, .. } = cx;
     let mut d =
         Decoder { strings: &parsed.strings, work_left: parsed.bytes_read.max(1024), stacks, frame_buf: Vec::new() };
     let mut tl = Timeline::default();
@@ -575,11 +578,11 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
         )));
     }
 
-    version.time = seen_time;
-    version.compile_context = seen_compile_context;
-    version.user_metadata = seen_user_metadata;
-    version.pool_id = seen_pool_id;
-    version.internal_metadata = seen_internal_metadata;
+    version.time = seen.time;
+    version.compile_context = seen.compile_context;
+    version.user_metadata = seen.user_metadata;
+    version.pool_id = seen.pool_id;
+    version.internal_metadata = seen.internal_metadata;
     let format_version = version.describe();
 
     tl.stacks = d.stacks;
