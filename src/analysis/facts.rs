@@ -150,10 +150,11 @@ pub struct Context<'a> {
 pub struct EventFacts {
     kinds: Vec<u8>,
     steps: Vec<usize>,
+    last_compile: Option<usize>,
     facts: Facts,
 }
 
-pub fn event_facts(dev: &DeviceTimeline, cats: &mut CategoryCache) -> EventFacts {
+pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) -> EventFacts {
     let events = &dev.events;
     let mut f = Facts::default();
     // Every later pass asks "what kind of allocation is this event?": answer once per event, classifying each
@@ -183,6 +184,7 @@ pub fn event_facts(dev: &DeviceTimeline, cats: &mut CategoryCache) -> EventFacts
         "NCCL / c10d frames appear in the file",
     );
     let mut steps = Vec::new();
+    let last_compile = last_compile_event(tl, dev, &kinds);
     if !events.is_empty() {
         segment_facts(&mut f, events);
         steps = optimizer_steps(events, &kinds);
@@ -194,11 +196,12 @@ pub fn event_facts(dev: &DeviceTimeline, cats: &mut CategoryCache) -> EventFacts
         );
         ddp_facts(&mut f, events, &kinds, &steps);
     }
-    EventFacts { kinds, steps, facts: f }
+    EventFacts { kinds, steps, last_compile, facts: f }
 }
 
 /// Computes every fact for one device, given those computed from its events alone.
-pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: EventFacts, leaks: LeakPass) -> Facts {
+/// `leaks` waits for the leak pass (running on another core), asked for last.
+pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: &EventFacts, leaks: impl FnOnce() -> LeakPass) -> Facts {
     let mut f = Facts::default();
     let r = cx.report;
     let events = &cx.dev.events;
@@ -325,16 +328,15 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: EventFacts, leaks: Le
 
     // Memory outside PyTorch.
     super::observed::outside_pytorch_facts(&mut f, r, cx.gpu_memory);
-    let EventFacts { kinds, steps, facts } = ev;
-    f.map.extend(facts.map);
+    f.map.extend(ev.facts.map.iter().map(|(k, v)| (k.clone(), v.clone())));
     if events.is_empty() {
         return f;
     }
-    let cx = &Ctx { cx, kinds: &kinds };
-    iteration_peaks(&mut f, cx, &steps);
-    leak_facts(&mut f, cx, leaks);
+    let cx = &Ctx { cx, kinds: &ev.kinds };
+    iteration_peaks(&mut f, cx, &ev.steps);
     kv_facts(&mut f, cx);
-    compile_facts(&mut f, cx);
+    compile_facts(&mut f, cx, ev.last_compile);
+    leak_facts(&mut f, cx, leaks());
     f
 }
 
@@ -733,26 +735,29 @@ fn kv_facts(f: &mut Facts, cx: &Ctx) {
 }
 
 /// compile-warmup: the peak (or the OOM) during torch.compile's first iterations, against the steady state.
-fn compile_facts(f: &mut Facts, cx: &Ctx) {
-    let events = &cx.dev.events;
-    let na = cx.tl.strings.lookup("N/A");
+/// The last event made while torch.compile was at work: with a compile context, or with compile frames.
+fn last_compile_event(tl: &Timeline, dev: &DeviceTimeline, kinds: &[u8]) -> Option<usize> {
+    let na = tl.strings.lookup("N/A");
     // Few distinct attribute sets: judge each one's compile context once.
-    let compiling: Vec<bool> = cx
-        .dev
+    let compiling: Vec<bool> = dev
         .event_attrs
         .all()
         .iter()
         .map(|a| {
             let cc = a.compile_context;
-            cc != NO_STR && Some(cc) != na && !cx.tl.str(cc).is_empty()
+            cc != NO_STR && Some(cc) != na && !tl.str(cc).is_empty()
         })
         .collect();
     let compile = kind_index("compile");
-    let in_compile =
-        |i: usize| compiling.get(events[i].attrs_id() as usize).copied().unwrap_or(false) || cx.kinds[i] == compile;
-    let compile_idx: Vec<usize> = (0..events.len()).filter(|&i| in_compile(i)).collect();
-    f.flag("compile.seen", !compile_idx.is_empty(), "torch.compile (dynamo/inductor) activity in the trace");
-    let Some(&last_compile) = compile_idx.last() else { return };
+    dev.events
+        .iter()
+        .zip(kinds)
+        .rposition(|(e, &k)| k == compile || compiling.get(e.attrs_id() as usize).copied().unwrap_or(false))
+}
+
+fn compile_facts(f: &mut Facts, cx: &Ctx, last_compile: Option<usize>) {
+    f.flag("compile.seen", last_compile.is_some(), "torch.compile (dynamo/inductor) activity in the trace");
+    let Some(last_compile) = last_compile else { return };
     let series = &cx.replay.allocated_series;
     let compile_peak = series[..=last_compile].iter().copied().max().unwrap_or(0);
     f.num("compile.peak_bytes", compile_peak as f64, Unit::Bytes, "peak allocated up to the last compile event");
@@ -764,7 +769,6 @@ fn compile_facts(f: &mut Facts, cx: &Ctx) {
         }
     }
     if let Some(i) = cx.report.oom.as_ref().and_then(|o| o.event_index) {
-        let oom_in_compile = in_compile(i as usize) || i as usize <= last_compile;
-        f.flag("compile.oom", oom_in_compile, "the OOM happened while compiling");
+        f.flag("compile.oom", i as usize <= last_compile, "the OOM happened while compiling");
     }
 }

@@ -333,7 +333,7 @@ fn analyze_device(
     let mut cache = categories::CategoryCache::new(cats, tl);
     let (replay, event_facts) = std::thread::scope(|s| {
         let replaying = s.spawn(|| Replay::new(dev, tl.settings.as_ref()));
-        let event_facts = facts::event_facts(dev, &mut cache);
+        let event_facts = facts::event_facts(tl, dev, &mut cache);
         (replaying.join().unwrap_or_else(|p| std::panic::resume_unwind(p)), event_facts)
     });
     let events = &dev.events;
@@ -368,14 +368,17 @@ fn analyze_device(
     };
     let last_event = idx.map_or(events.len().saturating_sub(1), |i| i as usize);
     // The leak pass (the live set per stack at each iteration's end) needs the replay's series and nothing of the
-    // report: run it beside the report.
-    let (state, mut report, leaks) = std::thread::scope(|s| {
+    // report: run it beside the report and the other facts.
+    let (mut report, facts) = std::thread::scope(|s| {
         let leaks = s.spawn(|| facts::leak_pass(dev, &replay, &event_facts, last_event));
         let (state, report) = device_report(tl, dev, opts, &replay, moment, idx, oom_count);
-        (state, report, leaks.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        let cx =
+            facts::Context { tl, dev, replay: &replay, state: &state, report: &report, gpu_memory: opts.gpu_memory };
+        let facts = facts::compute(&cx, &mut cache, &event_facts, || {
+            leaks.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+        });
+        (report, facts)
     });
-    let cx = facts::Context { tl, dev, replay: &replay, state: &state, report: &report, gpu_memory: opts.gpu_memory };
-    let facts = facts::compute(&cx, &mut cache, event_facts, leaks);
     let mut by_category: Vec<CategoryBytes> = categories::CATEGORIES
         .iter()
         .filter_map(|c| {
