@@ -332,9 +332,9 @@ fn analyze_device(
     // run them on two cores.
     let mut cache = categories::CategoryCache::new(cats, tl);
     let (replay, event_facts) = std::thread::scope(|s| {
-        let replaying = s.spawn(|| Replay::new(dev, tl.settings.as_ref()));
+        let replay = beside(s, || Replay::new(dev, tl.settings.as_ref()));
         let event_facts = facts::event_facts(tl, dev, &mut cache);
-        (replaying.join().unwrap_or_else(|p| std::panic::resume_unwind(p)), event_facts)
+        (replay(), event_facts)
     });
     let events = &dev.events;
     let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
@@ -370,13 +370,11 @@ fn analyze_device(
     // The leak pass (the live set per stack at each iteration's end) needs the replay's series and nothing of the
     // report: run it beside the report and the other facts.
     let (mut report, facts) = std::thread::scope(|s| {
-        let leaks = s.spawn(|| facts::leak_pass(dev, &replay, &event_facts, last_event));
+        let leaks = beside(s, || facts::leak_pass(dev, &replay, &event_facts, last_event));
         let (state, report) = device_report(tl, dev, opts, &replay, moment, idx, oom_count);
         let cx =
             facts::Context { tl, dev, replay: &replay, state: &state, report: &report, gpu_memory: opts.gpu_memory };
-        let facts = facts::compute(&cx, &mut cache, &event_facts, || {
-            leaks.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
-        });
+        let facts = facts::compute(&cx, &mut cache, &event_facts, leaks);
         (report, facts)
     });
     let mut by_category: Vec<CategoryBytes> = categories::CATEGORIES
@@ -396,6 +394,25 @@ fn analyze_device(
     report.by_category = by_category;
     report.facts = facts;
     Ok(report)
+}
+
+/// Starts `work` on another thread of `scope` and returns what waits for its result. Where no thread can be started
+/// (a process at its thread limit), `work` runs when its result is first asked for, on the asking thread.
+fn beside<'s, T: Send + 's>(
+    scope: &'s std::thread::Scope<'s, '_>,
+    work: impl FnOnce() -> T + Send + 's,
+) -> impl FnOnce() -> T + 's {
+    let cell = std::sync::Arc::new(std::sync::Mutex::new(Some(work)));
+    let theirs = cell.clone();
+    let take = move |c: &std::sync::Mutex<Option<_>>| c.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let handle = std::thread::Builder::new().spawn_scoped(scope, move || take(&theirs).map(|f| f())).ok();
+    move || {
+        let ran = handle.and_then(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        match ran {
+            Some(v) => v,
+            None => take(&cell).map(|f| f()).expect("the work runs here when no thread took it"),
+        }
+    }
 }
 
 /// The report of one device at `moment` (event `idx`), with the allocator state there.
