@@ -6,6 +6,7 @@ pub mod nsys_sqlite;
 pub mod nvidia_smi;
 pub mod oom_log;
 pub mod pickle;
+pub mod read_ahead;
 pub mod snapshot;
 pub mod text;
 pub mod vllm_log;
@@ -422,7 +423,10 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
         bar
     });
     let callback = progress.clone().map(|bar| Box::new(move |pos: u64| bar.set_position(pos)) as Box<dyn FnMut(u64)>);
-    let result = snapshot::read_sized(file, len, callback);
+    let result = match read_ahead::ReadAhead::start(file) {
+        Ok(ahead) => snapshot::read_sized(ahead, len, callback),
+        Err(file) => snapshot::read_sized(file, len, callback),
+    };
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
