@@ -1281,69 +1281,8 @@ impl<B: Builder> Machine<'_, B> {
             match op {
                 _ if op == close_many && !single => break,
                 _ if op == close_one && single => break,
-                b'K' => {
-                    let Some(b) = cur.next() else { return Ok(None) };
-                    self.scratch.push(Value::Int(b as i64));
-                }
-                b'M' => {
-                    let Some(b) = cur.take(2) else {
-                        return Ok(None);
-                    };
-                    self.scratch.push(Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64));
-                }
-                b'J' => {
-                    let Some(b) = cur.take(4) else {
-                        return Ok(None);
-                    };
-                    self.scratch.push(Value::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64));
-                }
-                0x8a => {
-                    let Some(n) = cur.next() else { return Ok(None) };
-                    let Some(b) = cur.take(n as usize) else {
-                        return Ok(None);
-                    };
-                    self.scratch.push(long_value(b));
-                }
-                b'G' => {
-                    let Some(b) = cur.take(8) else {
-                        return Ok(None);
-                    };
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(b);
-                    self.scratch.push(Value::Float(f64::from_be_bytes(a)));
-                }
-                b'N' => self.scratch.push(Value::None),
-                0x88 => self.scratch.push(Value::Bool(true)),
-                0x89 => self.scratch.push(Value::Bool(false)),
-                0x8c => {
-                    let Some(n) = cur.next() else { return Ok(None) };
-                    let Some(b) = cur.take(n as usize) else {
-                        return Ok(None);
-                    };
-                    let id = self.strings.intern_bytes(b);
-                    self.scratch.push(Value::Str(id));
-                }
-                b'X' => {
-                    let Some(b) = cur.take(4) else {
-                        return Ok(None);
-                    };
-                    let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
-                    let Some(b) = cur.take(n) else {
-                        return Ok(None);
-                    };
-                    let id = self.strings.intern_bytes(b);
-                    self.scratch.push(Value::Str(id));
-                }
                 b'h' | b'j' => {
-                    let idx = if op == b'h' {
-                        let Some(b) = cur.next() else { return Ok(None) };
-                        b as u32
-                    } else {
-                        let Some(b) = cur.take(4) else {
-                            return Ok(None);
-                        };
-                        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
-                    };
+                    let Some(idx) = memo_index(cur, op) else { return Ok(None) };
                     match self.memo.dense_get(idx as usize).as_deref() {
                         Some(Value::PendingDict(_) | Value::PendingList(_)) | None => return Ok(None),
                         Some(v) => self.scratch.push(v.clone()),
@@ -1395,7 +1334,10 @@ impl<B: Builder> Machine<'_, B> {
                     Some(v) => self.scratch.push(v),
                     None => return Ok(None),
                 },
-                _ => return Ok(None),
+                _ => match fast_scalar(cur, op, &mut self.strings) {
+                    Some(v) => self.scratch.push(v),
+                    None => return Ok(None),
+                },
             }
         }
         let n = self.scratch.len() - mark;
@@ -2118,8 +2060,8 @@ fn memo_index(cur: &mut Cursor, op: u8) -> Option<u32> {
     }
 }
 
-/// A number, None, bool or short str whose opcode `op` was just read; `None` for any other opcode or when the
-/// buffer ends first.
+/// A number, None, bool or str whose opcode `op` was just read; `None` for any other opcode or when the buffer
+/// ends first.
 #[inline]
 fn fast_scalar(cur: &mut Cursor, op: u8, strings: &mut Strings) -> Option<Value> {
     Some(match op {
@@ -2148,6 +2090,11 @@ fn fast_scalar(cur: &mut Cursor, op: u8, strings: &mut Strings) -> Option<Value>
         0x8c => {
             let n = cur.next()?;
             Value::Str(strings.intern_bytes(cur.take(n as usize)?))
+        }
+        b'X' => {
+            let b = cur.take(4)?;
+            let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+            Value::Str(strings.intern_bytes(cur.take(n)?))
         }
         _ => return None,
     })
