@@ -148,16 +148,7 @@ fn nsys_nvtx_ranges_alone_give_an_info_to_check() {
 fn nsys_capture_files_read_together() {
     // The capture's sibling report files given at once: one profile, the kernel summary's counts, the API
     // summary's allocator calls, the trace's steps.
-    let files = [
-        "ddp_accum_cuda_api_sum.csv",
-        "ddp_accum_cuda_gpu_kern_sum.csv",
-        "ddp_accum_cuda_gpu_mem_size_sum.csv",
-        "ddp_accum_cuda_gpu_mem_time_sum.csv",
-        "ddp_accum_cuda_gpu_trace.csv",
-        "ddp_accum_nvtx_sum.csv",
-        "ddp_accum_osrt_sum.csv",
-    ];
-    let paths: Vec<String> = files.iter().map(|f| format!("fixtures/profilers/{f}")).collect();
+    let paths: Vec<String> = common::DDP_ACCUM_FILES.iter().map(|f| format!("fixtures/profilers/{f}")).collect();
     let args: Vec<&str> = paths.iter().map(String::as_str).collect();
     let v = json(&args);
     assert_eq!(v["inputs"].as_array().unwrap().len(), 7);

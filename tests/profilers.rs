@@ -1,6 +1,8 @@
 //! Nsight Systems stats and Nsight Compute CSV readers: every real file under `fixtures/real/{nsys,ncu}` parses and
 //! what was read is pinned; hand-made fixtures (`fixtures/profilers/`) cover the layouts no real file shows.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use oomdoc::ingest::{ncu, nsys};
@@ -298,16 +300,8 @@ fn nsys_header_decides_the_report_not_the_name() {
 // nsys, hand-made layouts
 
 fn ddp_accum() -> ProfileData {
-    let names = [
-        "ddp_accum_cuda_api_sum.csv",
-        "ddp_accum_cuda_gpu_kern_sum.csv",
-        "ddp_accum_cuda_gpu_mem_size_sum.csv",
-        "ddp_accum_cuda_gpu_mem_time_sum.csv",
-        "ddp_accum_cuda_gpu_trace.csv",
-        "ddp_accum_nvtx_sum.csv",
-        "ddp_accum_osrt_sum.csv",
-    ];
-    let texts: Vec<(String, String)> = names.iter().map(|n| (n.to_string(), read(&format!("profilers/{n}")))).collect();
+    let texts: Vec<(String, String)> =
+        common::DDP_ACCUM_FILES.iter().map(|n| (n.to_string(), read(&format!("profilers/{n}")))).collect();
     nsys::parse_files(texts.iter().map(|(n, t)| (n.as_str(), t.as_str()))).unwrap()
 }
 

@@ -48,19 +48,7 @@ impl Action {
     ];
 
     pub fn from_name(s: &str) -> Action {
-        match s {
-            "alloc" => Action::Alloc,
-            "free_requested" => Action::FreeRequested,
-            "free_completed" => Action::FreeCompleted,
-            "segment_alloc" => Action::SegmentAlloc,
-            "segment_free" => Action::SegmentFree,
-            "segment_map" => Action::SegmentMap,
-            "segment_unmap" => Action::SegmentUnmap,
-            "snapshot" => Action::Snapshot,
-            "oom" => Action::Oom,
-            "annotate" => Action::Annotate,
-            _ => Action::Unknown,
-        }
+        Action::ALL.into_iter().find(|a| a.name() == s).unwrap_or(Action::Unknown)
     }
 
     pub fn name(self) -> &'static str {

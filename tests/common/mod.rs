@@ -77,3 +77,14 @@ pub fn rules_fired(v: &serde_json::Value) -> Vec<String> {
     r.sort();
     r
 }
+
+/// The sibling `nsys stats` reports of one capture in fixtures/profilers/ (DDP with gradient accumulation).
+pub const DDP_ACCUM_FILES: [&str; 7] = [
+    "ddp_accum_cuda_api_sum.csv",
+    "ddp_accum_cuda_gpu_kern_sum.csv",
+    "ddp_accum_cuda_gpu_mem_size_sum.csv",
+    "ddp_accum_cuda_gpu_mem_time_sum.csv",
+    "ddp_accum_cuda_gpu_trace.csv",
+    "ddp_accum_nvtx_sum.csv",
+    "ddp_accum_osrt_sum.csv",
+];
