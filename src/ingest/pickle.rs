@@ -26,6 +26,10 @@ use rustc_hash::FxHashMap;
 
 use crate::timeline::stacks::{StrId, Strings};
 
+mod split;
+use split::Helping;
+pub use split::{NoHelper, ReadAt, RecordHelper, Split, DEFERRED};
+
 /// Containers nested deeper than this are refused. A memory snapshot nests at most ~8 levels.
 pub const MAX_DEPTH: u32 = 256;
 /// The pickler emits list/dict items in batches of this size; a container closed with a full batch may receive more.
@@ -326,6 +330,8 @@ pub fn dict_get(items: &[Value], key: StrId) -> Option<&Value> {
 
 /// Hooks that see containers as they close and may replace them with compact values.
 pub trait Builder {
+    /// What reads records on another thread when the input can be split (see [`Split`]).
+    type Helper: RecordHelper;
     /// `items` are the dict's keys and values interleaved. Return `Ok(Some(v))` to stand `v` in for the dict,
     /// `Ok(None)` to keep a generic dict, `Err(message)` if the dict has the expected shape but bad contents.
     fn close_dict(&mut self, strings: &Strings, items: &[Value]) -> Result<Option<Value>, String>;
@@ -364,12 +370,23 @@ pub trait Builder {
     /// Forgets what the builder made since `mark`: the fast path gave up a container whose nested records the
     /// builder had already closed, and the generic path is about to read them again.
     fn rewind(&mut self, _mark: usize) {}
+    /// A helper that reads records as this builder would, on another thread; `None`: records are read here only.
+    fn helper(&self) -> Option<Self::Helper> {
+        None
+    }
+    /// Takes the helper's records as if they had been read here, in their order, right now; `resolve` gives the
+    /// value of a memo slot the helper could only name ([`DEFERRED`]). Returns the `Custom(kind, first)` value of
+    /// the first record (the others follow it, `first + 1`, …), or `None` with nothing taken.
+    fn absorb(&mut self, _helper: Self::Helper, _resolve: &dyn Fn(u32) -> Option<Value>) -> Option<(u8, u32)> {
+        None
+    }
 }
 
 /// A builder that keeps everything generic.
 pub struct PlainBuilder;
 
 impl Builder for PlainBuilder {
+    type Helper = NoHelper;
     fn close_dict(&mut self, _: &Strings, _: &[Value]) -> Result<Option<Value>, String> {
         Ok(None)
     }
@@ -414,11 +431,14 @@ struct Input<R> {
     base: u64,
     eof: bool,
     progress: Option<Box<dyn FnMut(u64) + 'static>>,
+    /// Once the input has jumped ahead (past records a helper read, see [`Split`]), it is read here at offsets
+    /// instead of from `src`.
+    direct: Option<std::sync::Arc<dyn ReadAt>>,
 }
 
 impl<R: Read> Input<R> {
     fn new(src: R) -> Self {
-        Input { src, buf: vec![0; BUF_SIZE], pos: 0, end: 0, base: 0, eof: false, progress: None }
+        Input { src, buf: vec![0; BUF_SIZE], pos: 0, end: 0, base: 0, eof: false, progress: None, direct: None }
     }
 
     #[inline]
@@ -446,7 +466,12 @@ impl<R: Read> Input<R> {
                 let grow = self.buf.len().min(n - self.end).max(BUF_SIZE);
                 self.buf.resize(self.buf.len() + grow, 0);
             }
-            match self.src.read(&mut self.buf[self.end..]) {
+            let at = self.base + self.end as u64;
+            let read = match &self.direct {
+                Some(d) => d.read_at(&mut self.buf[self.end..], at),
+                None => self.src.read(&mut self.buf[self.end..]),
+            };
+            match read {
                 Ok(0) => self.eof = true,
                 Ok(k) => self.end += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -503,6 +528,8 @@ pub struct Parsed {
     pub strings: Strings,
     pub protocol: u8,
     pub bytes_read: u64,
+    /// Records read by a helper thread (see [`Split`]).
+    pub helper_records: u64,
 }
 
 /// Memo: dense while the pickler numbers entries 0, 1, 2, … (it always does), sparse otherwise so a hostile
@@ -661,7 +688,7 @@ impl Memo {
     }
 }
 
-struct Machine<'b, B> {
+struct Machine<'b, B: Builder> {
     stack: Vec<Value>,
     marks: Vec<usize>,
     memo: Memo,
@@ -671,6 +698,13 @@ struct Machine<'b, B> {
     scratch: Vec<Value>,
     spans: SpanCache,
     records: RecordShapes,
+    /// The thread reading the second half of the records, if any (see [`Split`]).
+    helping: Helping<B::Helper>,
+    /// Records read through a known layout, up to the helper's start.
+    known_hits: u32,
+    helper_records: u64,
+    /// Offset of the last FRAME opcode read (protocol 4+ cuts the pickle into frames, see [`Split`]).
+    last_frame: Option<u64>,
 }
 
 /// Containers whose bytes hold only memo references and numbers decode to the same value every time the same
@@ -780,6 +814,18 @@ pub fn read<R: Read, B: Builder>(
     strings: Strings,
     progress: Option<Box<dyn FnMut(u64)>>,
 ) -> Result<Parsed, PickleError> {
+    read_split(src, builder, strings, progress, None)
+}
+
+/// [`read`], with the second half of a long list of records read on another thread where `split` allows it.
+/// The result is the same either way.
+pub fn read_split<R: Read, B: Builder>(
+    src: R,
+    builder: &mut B,
+    strings: Strings,
+    progress: Option<Box<dyn FnMut(u64)>>,
+    split: Option<Split>,
+) -> Result<Parsed, PickleError> {
     let mut input = Input::new(src);
     input.progress = progress;
     if !input.fill(2)? {
@@ -810,6 +856,10 @@ pub fn read<R: Read, B: Builder>(
         scratch: Vec::new(),
         spans: SpanCache::default(),
         records: RecordShapes::default(),
+        helping: split.map_or(Helping::Off, Helping::Ready),
+        known_hits: 0,
+        last_frame: None,
+        helper_records: 0,
     };
     let value = m.run(&mut input)?;
     if m.memo.overflow {
@@ -818,7 +868,7 @@ pub fn read<R: Read, B: Builder>(
             message: "more than 2^30 memo entries; this reader's limit".into(),
         });
     }
-    Ok(Parsed { value, strings: m.strings, protocol, bytes_read: input.offset() })
+    Ok(Parsed { value, strings: m.strings, protocol, bytes_read: input.offset(), helper_records: m.helper_records })
 }
 
 fn describe_byte(b: u8) -> String {
@@ -877,6 +927,7 @@ impl<B: Builder> Machine<'_, B> {
                 }
                 0x95 => {
                     input.take(8, "FRAME")?;
+                    self.last_frame = Some(off);
                 }
                 b'.' => {
                     let v = self.pop(off, "STOP")?;
@@ -1002,7 +1053,7 @@ impl<B: Builder> Machine<'_, B> {
                 }
                 // Containers.
                 b'}' => {
-                    if self.known_records(input) {
+                    if self.known_records(input)? {
                         continue;
                     }
                     match self.fast_container(input, true, off)? {
@@ -1047,13 +1098,7 @@ impl<B: Builder> Machine<'_, B> {
                     let at = self.stack.len() - 1;
                     self.extend_list(at, at - 1, off)?;
                 }
-                b'e' | 0x90 => {
-                    let at = self.pop_mark(off, "APPENDS")?;
-                    if at == 0 {
-                        return Err(Self::err(off, "APPENDS with no list below the MARK"));
-                    }
-                    self.extend_list(at, at - 1, off)?;
-                }
+                b'e' | 0x90 => self.appends(off)?,
                 b's' => {
                     if self.stack.len() < 3 {
                         return Err(Self::err(off, "SETITEM needs a dict, a key and a value"));
@@ -1137,34 +1182,43 @@ impl<B: Builder> Machine<'_, B> {
     /// Called just after an EMPTY_DICT: reads it, and every dict that follows it back to back, as long as each
     /// matches a known record layout, pushing their values. `false` (nothing consumed) if the first does not match.
     /// A list of a million trace entries is read here without going round the opcode loop once per entry.
-    fn known_records<R: Read>(&mut self, input: &mut Input<R>) -> bool {
+    fn known_records<R: Read>(&mut self, input: &mut Input<R>) -> Result<bool, PickleError> {
         if !self.memo.sparse.is_empty() || self.memo.overwritten || !self.records.worth_trying() {
-            return false;
+            return Ok(false);
         }
         // A read error here or below: the opcode loop meets it again and reports it.
         if input.end - input.pos < FAST_WINDOW && !input.eof && input.fill(FAST_WINDOW).is_err() {
-            return false;
+            return Ok(false);
         }
         let mut first = true;
         loop {
+            if let Helping::Running(_) = self.helping {
+                if self.meet_helper(input)? {
+                    return Ok(true);
+                }
+            }
             let mut cur = Cursor { buf: &input.buf[input.pos..input.end], pos: 0 };
             let Some(v) = self.known_record(&mut cur) else {
                 if first {
-                    return false;
+                    return Ok(false);
                 }
                 // This one's EMPTY_DICT was consumed below, after the last fill: step back over it.
                 input.pos -= 1;
-                return true;
+                return Ok(true);
             };
             input.pos += cur.pos;
             self.stack.push(v);
             first = false;
+            if let Helping::Ready(_) = self.helping {
+                self.known_hits += 1;
+                self.maybe_start_helper(input.offset());
+            }
             // Top the buffer up before taking the next EMPTY_DICT, so stepping back over it stays possible.
             if input.end - input.pos < FAST_WINDOW && !input.eof && input.fill(FAST_WINDOW).is_err() {
-                return true;
+                return Ok(true);
             }
             if input.pos >= input.end || input.buf[input.pos] != b'}' || !self.records.worth_trying() {
-                return true;
+                return Ok(true);
             }
             input.pos += 1;
         }
@@ -1566,11 +1620,7 @@ impl<B: Builder> Machine<'_, B> {
             let at = f.at as usize;
             let v = match f.arg {
                 Arg::Ref1 | Arg::Ref4 => {
-                    let idx = if f.arg == Arg::Ref1 {
-                        rest[at] as usize
-                    } else {
-                        u32::from_le_bytes([rest[at], rest[at + 1], rest[at + 2], rest[at + 3]]) as usize
-                    };
+                    let idx = f.arg.memo_index(rest, at);
                     // Only values already stored are referenced: the record stores nothing of its own but itself.
                     match self.memo.dense_get(idx).as_deref() {
                         Some(Value::PendingDict(_) | Value::PendingList(_)) | None => return None,
@@ -1582,25 +1632,7 @@ impl<B: Builder> Machine<'_, B> {
                         }
                     }
                 }
-                Arg::U8 => Value::Int(rest[at] as i64),
-                Arg::U16 => Value::Int(u16::from_le_bytes([rest[at], rest[at + 1]]) as i64),
-                Arg::I32 => Value::Int(i32::from_le_bytes([rest[at], rest[at + 1], rest[at + 2], rest[at + 3]]) as i64),
-                Arg::Long(n) => Value::Int(match rest.get(at + 1..at + 9) {
-                    // One 8-byte load, shifted: the bytes past the int are the next opcodes, shifted out.
-                    Some(w) if n > 0 => {
-                        let shift = 64 - 8 * n as u32;
-                        ((u64::from_le_bytes(w.try_into().expect("8 bytes")) << shift) as i64) >> shift
-                    }
-                    _ => small_long(&rest[at + 1..at + 1 + n as usize]),
-                }),
-                Arg::F64 => {
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(&rest[at..at + 8]);
-                    Value::Float(f64::from_be_bytes(a))
-                }
-                Arg::None => Value::None,
-                Arg::True => Value::Bool(true),
-                Arg::False => Value::Bool(false),
+                arg => arg.value(rest, at)?,
             };
             if !self.builder.record_field(f.key, &v) {
                 return None;
@@ -1738,6 +1770,14 @@ impl<B: Builder> Machine<'_, B> {
         Ok(d)
     }
 
+    fn appends(&mut self, off: u64) -> Result<(), PickleError> {
+        let at = self.pop_mark(off, "APPENDS")?;
+        if at == 0 {
+            return Err(Self::err(off, "APPENDS with no list below the MARK"));
+        }
+        self.extend_list(at, at - 1, off)
+    }
+
     /// Moves `stack[at..]` into the list at `stack[target]`, letting the builder replace a list that closes.
     fn extend_list(&mut self, at: usize, target: usize, off: u64) -> Result<(), PickleError> {
         let n = self.stack.len() - at;
@@ -1863,6 +1903,7 @@ struct RecordShapes {
     resting: u32,
 }
 
+#[derive(Clone)]
 struct Shape {
     /// The record's bytes from just after EMPTY_DICT through SETITEMS, padded to whole words.
     bytes: Box<[u64]>,
@@ -1923,6 +1964,45 @@ impl Arg {
         })
     }
 
+    /// The value of a fixed-width scalar whose argument bytes start at `rest[at]`; `None` for a memo reference,
+    /// which only the memo can resolve. Always inlined: called, its 16-byte result is written in pieces and read
+    /// back whole, a store-forwarding stall per field.
+    #[inline(always)]
+    fn value(self, rest: &[u8], at: usize) -> Option<Value> {
+        Some(match self {
+            Arg::U8 => Value::Int(rest[at] as i64),
+            Arg::U16 => Value::Int(u16::from_le_bytes([rest[at], rest[at + 1]]) as i64),
+            Arg::I32 => Value::Int(i32::from_le_bytes([rest[at], rest[at + 1], rest[at + 2], rest[at + 3]]) as i64),
+            Arg::Long(n) => Value::Int(match rest.get(at + 1..at + 9) {
+                // One 8-byte load, shifted: the bytes past the int are the next opcodes, shifted out.
+                Some(w) if n > 0 => {
+                    let shift = 64 - 8 * n as u32;
+                    ((u64::from_le_bytes(w.try_into().expect("8 bytes")) << shift) as i64) >> shift
+                }
+                _ => small_long(&rest[at + 1..at + 1 + n as usize]),
+            }),
+            Arg::F64 => {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(&rest[at..at + 8]);
+                Value::Float(f64::from_be_bytes(a))
+            }
+            Arg::None => Value::None,
+            Arg::True => Value::Bool(true),
+            Arg::False => Value::Bool(false),
+            Arg::Ref1 | Arg::Ref4 => return None,
+        })
+    }
+
+    /// The memo index a reference's argument bytes at `rest[at]` name.
+    #[inline]
+    fn memo_index(self, rest: &[u8], at: usize) -> usize {
+        if self == Arg::Ref1 {
+            rest[at] as usize
+        } else {
+            u32::from_le_bytes([rest[at], rest[at + 1], rest[at + 2], rest[at + 3]]) as usize
+        }
+    }
+
     /// Argument bytes that vary from record to record (the LONG1 count byte stays in the layout).
     fn varying(self) -> std::ops::Range<usize> {
         match self {
@@ -1977,8 +2057,7 @@ impl RecordShapes {
     /// The first layout `rest` matches, the last one matched tried first.
     #[inline]
     fn matching(&self, rest: &[u8]) -> Option<usize> {
-        let n = self.shapes.len();
-        (0..n).map(|k| (self.last + k) % n).find(|&i| self.shapes[i].matches(rest))
+        first_match(&self.shapes, self.last, rest)
     }
 
     fn learn(&mut self, bytes: &[u8], first_key: StrId, fields: &[Field]) {
@@ -2011,6 +2090,13 @@ impl RecordShapes {
         }
         self.shapes.push(Shape { bytes: bytes_w, mask, len: bytes.len(), slot, first_key, fields: fields.into() });
     }
+}
+
+/// The first of `shapes` that `rest` matches, trying `last` first.
+#[inline]
+fn first_match(shapes: &[Shape], last: usize, rest: &[u8]) -> Option<usize> {
+    let n = shapes.len();
+    (0..n).map(|k| (last + k) % n).find(|&i| shapes[i].matches(rest))
 }
 
 impl Shape {

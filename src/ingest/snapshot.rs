@@ -5,11 +5,11 @@
 
 use std::io::Read;
 
-use super::pickle::{self, dict_get, Builder, Value};
+use super::pickle::{self, dict_get, Builder, RecordHelper, Value};
 use crate::timeline::stacks::{Frame, StackId, Stacks, StrId, Strings, EMPTY_STACK};
 use crate::timeline::{
     Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTimeline, Event, EventAttrTable, EventAttrs,
-    PoolKind, Segment, Timeline, NO_STR,
+    PoolKind, Segment, Timeline, MAX_ATTRS as MAX_EVENT_ATTRS, NO_STR,
 };
 
 const FRAME: u8 = 1;
@@ -330,7 +330,109 @@ fn pair(v: &Value) -> Option<(i64, i64)> {
     }
 }
 
+/// Reads trace entries on the split reader's helper thread (see [`pickle::Split`]), into tables of its own that
+/// [`SnapshotBuilder`] takes in when the helper's records are used.
+pub struct EntryHelper {
+    cx: EntryCx,
+    events: Vec<Event>,
+    event_attrs: EventAttrTable,
+    /// Events whose `frames` is a memo slot the helper could not see: (event, slot), resolved when taken in.
+    deferred_stacks: Vec<(u32, u32)>,
+    /// The record being read, and what it must not leave behind if abandoned.
+    open: (Event, EventAttrs),
+    seen_before: Seen,
+}
+
+impl RecordHelper for EntryHelper {
+    fn begin(&mut self, first_key: StrId) -> bool {
+        self.open = (Event::new(Action::Unknown, 0, 0), EventAttrs::default());
+        self.seen_before = self.cx.seen;
+        first_key == k::ACTION
+    }
+
+    #[inline]
+    fn field(&mut self, key: StrId, v: &Value) -> bool {
+        match *v {
+            Value::Custom(pickle::DEFERRED, slot) if key == k::FRAMES => {
+                self.deferred_stacks.push((self.events.len() as u32, slot));
+                true
+            }
+            // Any other field must be known now: its value decides the event's attributes.
+            Value::Custom(pickle::DEFERRED, _) => false,
+            _ => self.cx.field(&mut self.open.0, &mut self.open.1, key, v).is_ok(),
+        }
+    }
+
+    fn end(&mut self) -> bool {
+        let (mut e, a) = self.open.clone();
+        if self.event_attrs.assign(&mut e, a).is_err() {
+            return false;
+        }
+        self.events.push(e);
+        true
+    }
+
+    fn abandon(&mut self) {
+        self.cx.seen = self.seen_before;
+        let event = self.events.len() as u32;
+        while self.deferred_stacks.last().is_some_and(|d| d.0 == event) {
+            self.deferred_stacks.pop();
+        }
+    }
+}
+
 impl Builder for SnapshotBuilder {
+    type Helper = EntryHelper;
+
+    fn helper(&self) -> Option<EntryHelper> {
+        // Address space for the rest of the guessed entries; only what is written costs memory.
+        let events = Vec::with_capacity((self.events.capacity() - self.events.len()) / 2 + 1024);
+        crate::huge_pages::advise(&events);
+        Some(EntryHelper {
+            cx: EntryCx { stacks: Stacks::default(), frame_buf: Vec::new(), seen: Seen::default() },
+            events,
+            event_attrs: EventAttrTable::default(),
+            deferred_stacks: Vec::new(),
+            open: (Event::new(Action::Unknown, 0, 0), EventAttrs::default()),
+            seen_before: Seen::default(),
+        })
+    }
+
+    fn absorb(&mut self, mut h: EntryHelper, resolve: &dyn Fn(u32) -> Option<Value>) -> Option<(u8, u32)> {
+        self.close_open();
+        let first = u32::try_from(self.events.len()).ok()?;
+        u32::try_from(self.events.len() + h.events.len()).ok()?;
+        // Past the table's limit, the records are read here again, and fail where they fail.
+        if self.event_attrs.len() + h.event_attrs.len() > MAX_EVENT_ATTRS {
+            return None;
+        }
+        // A stack the helper could only name by its memo slot is known here by now. Anything but an interned
+        // stack or an empty list there, and the records are read here again instead.
+        for &(event, slot) in &h.deferred_stacks {
+            h.events[event as usize].stack = match resolve(slot)? {
+                Value::Custom(STACK, id) => id,
+                Value::PendingList(_) => EMPTY_STACK,
+                _ => return None,
+            };
+        }
+        // Attributes new to this table are added in the order the helper met them: the order reading them here
+        // would have added them in.
+        let ids: Vec<u32> =
+            h.event_attrs.all().iter().map(|a| self.event_attrs.intern(*a)).collect::<Result<_, _>>().ok()?;
+        self.events.extend(h.events.iter().map(|e| {
+            let mut e = e.clone();
+            e.set_attrs_id(ids[e.attrs_id() as usize]);
+            e
+        }));
+        let (a, b) = (&mut self.cx.seen, h.cx.seen);
+        a.time |= b.time;
+        a.compile_context |= b.compile_context;
+        a.user_metadata |= b.user_metadata;
+        a.pool_id |= b.pool_id;
+        a.internal_metadata |= b.internal_metadata;
+        Some((TRACE, first))
+    }
+
     fn close_dict(&mut self, _strings: &Strings, items: &[Value]) -> Result<Option<Value>, String> {
         // Frames start with 'filename' and trace entries with 'action' in every writer seen; look there first.
         let is = |want: StrId| {
@@ -411,6 +513,8 @@ pub struct Snapshot {
     pub format_version: String,
     pub protocol: u8,
     pub bytes: u64,
+    /// Trace entries read on a second thread (see [`pickle::Split`]); the snapshot is the same either way.
+    pub helper_records: u64,
 }
 
 /// Reads a snapshot from a stream. `Err` carries a message without the path; the caller adds it.
@@ -425,6 +529,17 @@ const MIN_ENTRY_BYTES: u64 = 48;
 
 /// [`read`], told the file's length (0: unknown) to size the event table once.
 pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Snapshot, SnapshotError> {
+    read_split(src, len, progress, None)
+}
+
+/// [`read_sized`], with the second half of the trace read on another thread where `split` allows (see
+/// [`pickle::Split`]). The snapshot read is the same.
+pub fn read_split<R: Read>(
+    src: R,
+    len: u64,
+    progress: Option<Box<dyn FnMut(u64)>>,
+    split: Option<pickle::Split>,
+) -> Result<Snapshot, SnapshotError> {
     let mut strings = Strings::default();
     intern_keys(&mut strings);
     // Capped so that a hostile length cannot reserve absurd address space.
@@ -441,7 +556,7 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
         rec_attrs: EventAttrs::default(),
         seen_before: Seen::default(),
     };
-    let parsed = pickle::read(src, &mut b, strings, progress)?;
+    let parsed = pickle::read_split(src, &mut b, strings, progress, split)?;
     b.close_open();
     let SnapshotBuilder { cx, events: mut all_events, event_attrs, .. } = b;
     let EntryCx { stacks, seen, .. } = cx;
@@ -588,7 +703,13 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
     tl.stacks = d.stacks;
     tl.strings = parsed.strings;
     fill_capture_info(&mut tl, version.time);
-    Ok(Snapshot { timeline: tl, format_version, protocol: parsed.protocol, bytes: parsed.bytes_read })
+    Ok(Snapshot {
+        timeline: tl,
+        format_version,
+        protocol: parsed.protocol,
+        bytes: parsed.bytes_read,
+        helper_records: parsed.helper_records,
+    })
 }
 
 /// Converted event `j`. Every trace value the reader hands out names an event it keeps, so the fallback (an

@@ -117,7 +117,7 @@ impl Event {
         u32::from_le_bytes([self.attrs[0], self.attrs[1], self.attrs[2], 0])
     }
 
-    fn set_attrs_id(&mut self, id: u32) {
+    pub(crate) fn set_attrs_id(&mut self, id: u32) {
         let b = id.to_le_bytes();
         self.attrs = [b[0], b[1], b[2]];
     }
@@ -171,7 +171,7 @@ pub struct EventAttrTable {
 }
 
 /// An event's attribute index has 24 bits.
-const MAX_ATTRS: usize = 1 << 24;
+pub const MAX_ATTRS: usize = 1 << 24;
 
 impl Default for EventAttrTable {
     fn default() -> Self {
@@ -188,10 +188,16 @@ impl EventAttrTable {
     /// Gives `e` these attributes. Fails past 16.7 million distinct ones (a trace of nothing but OOMs, each with
     /// its own free figure).
     pub fn assign(&mut self, e: &mut Event, a: EventAttrs) -> Result<(), String> {
+        e.set_attrs_id(self.intern(a)?);
+        Ok(())
+    }
+
+    /// The index of these attributes, added if new (see [`EventAttrTable::assign`]).
+    #[inline]
+    pub fn intern(&mut self, a: EventAttrs) -> Result<u32, String> {
         // Consecutive events mostly share their attributes: check the last one before hashing.
         if self.last.0 == a {
-            e.set_attrs_id(self.last.1);
-            return Ok(());
+            return Ok(self.last.1);
         }
         let id = match self.index.get(&a) {
             Some(&id) => id,
@@ -206,8 +212,7 @@ impl EventAttrTable {
             }
         };
         self.last = (a, id);
-        e.set_attrs_id(id);
-        Ok(())
+        Ok(id)
     }
 
     pub fn len(&self) -> usize {
