@@ -287,10 +287,10 @@ impl<B: Builder> Machine<'_, B> {
     /// would have, then skips the input to where the helper stopped.
     fn take_helped<R: Read>(&mut self, input: &mut Input<R>, out: Helped<B::Helper>) -> Result<bool, PickleError> {
         let n = out.stored.len() as u32;
-        self.helper_records += n as u64;
         let memo = &self.memo;
         let resolve = |slot: u32| memo.dense_get(slot as usize).map(|v| v.clone());
         let Some((kind, first)) = self.builder.absorb(out.helper, &resolve) else { return Ok(false) };
+        self.helper_records += n as u64;
         for (k, &stored) in out.stored.iter().enumerate() {
             if stored {
                 self.memo.push_custom(kind, first + k as u32);
