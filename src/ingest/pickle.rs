@@ -702,6 +702,7 @@ struct Machine<'b, B: Builder> {
     helping: Helping<B::Helper>,
     /// Records read through a known layout, up to the helper's start.
     known_hits: u32,
+    /// Records taken in from the helper (reported in [`Parsed`]).
     helper_records: u64,
     /// Offset of the last FRAME opcode read (protocol 4+ cuts the pickle into frames, see [`Split`]).
     last_frame: Option<u64>,

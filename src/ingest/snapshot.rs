@@ -181,6 +181,16 @@ struct Seen {
     internal_metadata: bool,
 }
 
+impl Seen {
+    fn merge(&mut self, o: Seen) {
+        self.time |= o.time;
+        self.compile_context |= o.compile_context;
+        self.user_metadata |= o.user_metadata;
+        self.pool_id |= o.pool_id;
+        self.internal_metadata |= o.internal_metadata;
+    }
+}
+
 fn want_u64(v: &Value, key: &str, what: &str) -> Result<u64, String> {
     v.as_u64().ok_or_else(|| format!("{what}: '{key}' is {}, expected a non-negative int", v.type_name()))
 }
@@ -406,14 +416,12 @@ impl Builder for SnapshotBuilder {
         if self.event_attrs.len() + h.event_attrs.len() > MAX_EVENT_ATTRS {
             return None;
         }
-        // A stack the helper could only name by its memo slot is known here by now. Anything but an interned
-        // stack or an empty list there, and the records are read here again instead.
+        // A stack the helper could only name by its memo slot is known here by now, and means what it means to
+        // any entry. Anything that is not a frame list, and the records are read here again instead (interning
+        // in event order, as reading them here would).
         for &(event, slot) in &h.deferred_stacks {
-            h.events[event as usize].stack = match resolve(slot)? {
-                Value::Custom(STACK, id) => id,
-                Value::PendingList(_) => EMPTY_STACK,
-                _ => return None,
-            };
+            let cx = &mut self.cx;
+            h.events[event as usize].stack = stack_of(&mut cx.stacks, &mut cx.frame_buf, &resolve(slot)?)?;
         }
         // Attributes new to this table are added in the order the helper met them: the order reading them here
         // would have added them in.
@@ -424,12 +432,7 @@ impl Builder for SnapshotBuilder {
             e.set_attrs_id(ids[e.attrs_id() as usize]);
             e
         }));
-        let (a, b) = (&mut self.cx.seen, h.cx.seen);
-        a.time |= b.time;
-        a.compile_context |= b.compile_context;
-        a.user_metadata |= b.user_metadata;
-        a.pool_id |= b.pool_id;
-        a.internal_metadata |= b.internal_metadata;
+        self.cx.seen.merge(h.cx.seen);
         Some((TRACE, first))
     }
 
