@@ -254,9 +254,6 @@ fn for_each_input(
     mut each: impl FnMut(&oomdoc::timeline::Timeline, analysis::Analysis) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let opts = Options { at: input.at.clone(), top, device: input.device, gpu_memory: input.gpu_memory };
-    let rules = load_rules(input.rules.as_ref())?;
-    let prediction = oomdoc::budget::args::predict(&input.predict)?;
-    let cats = load_categories(input.rules.as_ref())?;
     let timing = std::env::var_os("OOMDOC_TIMING").is_some();
     let load = oomdoc::ingest::LoadOptions {
         show_progress: !input.no_progress,
@@ -269,7 +266,19 @@ fn for_each_input(
         },
     };
     let t0 = std::time::Instant::now();
-    let timelines = oomdoc::ingest::load_job(&input.files, &load)?;
+    // The checklist, categories and budget are made while the inputs are read: neither needs the other. A bad
+    // rule is still reported before a bad input.
+    let (setup, timelines) = std::thread::scope(|s| {
+        let setup = analysis::beside(s, || -> Result<_, Error> {
+            let rules = load_rules(input.rules.as_ref())?;
+            let prediction = oomdoc::budget::args::predict(&input.predict)?;
+            Ok((rules, prediction, load_categories(input.rules.as_ref())?))
+        });
+        let timelines = oomdoc::ingest::load_job(&input.files, &load);
+        (setup(), timelines)
+    });
+    let (rules, prediction, cats) = setup?;
+    let timelines = timelines?;
     if timing {
         eprintln!("oomdoc: read {} files in {:.3} s{}", input.files.len(), t0.elapsed().as_secs_f64(), peak_rss());
     }

@@ -398,7 +398,7 @@ fn analyze_device(
 
 /// Starts `work` on another thread of `scope` and returns what waits for its result. Where no thread can be started
 /// (a process at its thread limit), `work` runs when its result is first asked for, on the asking thread.
-fn beside<'s, T: Send + 's>(
+pub fn beside<'s, T: Send + 's>(
     scope: &'s std::thread::Scope<'s, '_>,
     work: impl FnOnce() -> T + Send + 's,
 ) -> impl FnOnce() -> T + 's {

@@ -1212,7 +1212,7 @@ impl<B: Builder> Machine<'_, B> {
             first = false;
             if let Helping::Ready(_) = self.helping {
                 self.known_hits += 1;
-                self.maybe_start_helper(input.offset());
+                self.maybe_start_helper(input);
             }
             // Top the buffer up before taking the next EMPTY_DICT, so stepping back over it stays possible.
             if input.end - input.pos < FAST_WINDOW && !input.eof && input.fill(FAST_WINDOW).is_err() {

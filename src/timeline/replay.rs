@@ -398,34 +398,44 @@ impl State {
         Ok(())
     }
 
-    /// Merges the free block at `addr` with free neighbours.
+    /// Merges the free block at `addr` with free neighbours. A million frees go through here: each neighbour is
+    /// looked up once, and only the blocks that change are touched again.
     fn merge_free(&mut self, addr: u64) {
-        let mut start = addr;
-        if let Some(p) = self.blocks[&addr].prev {
-            if self.blocks[&p].state == BlockState::Inactive {
-                self.absorb_next(p);
-                start = p;
-            }
+        let (prev, next) = {
+            let b = &self.blocks[&addr];
+            (b.prev, b.next)
+        };
+        let free = |a: Option<u64>, blocks: &FxHashMap<u64, LiveBlock>| {
+            a.filter(|a| blocks.get(a).is_some_and(|b| b.state == BlockState::Inactive))
+        };
+        let (prev, next) = (free(prev, &self.blocks), free(next, &self.blocks));
+        if prev.is_none() && next.is_none() {
+            return;
         }
-        if let Some(n) = self.blocks[&start].next {
-            if self.blocks[&n].state == BlockState::Inactive {
-                self.absorb_next(start);
-            }
+        // What joins the block that survives (the previous one, if free): this block and/or the next one.
+        let mut grow = 0;
+        let mut new_next = self.blocks[&addr].next;
+        if let Some(n) = next {
+            let nb = self.blocks.remove(&n).expect("linked");
+            grow += nb.size;
+            new_next = nb.next;
         }
-    }
-
-    /// Joins the block after `addr` into it.
-    fn absorb_next(&mut self, addr: u64) {
-        let n = self.blocks[&addr].next.expect("caller checked");
-        let nb = self.blocks.remove(&n).expect("linked");
-        let b = self.blocks.get_mut(&addr).expect("present");
-        b.size += nb.size;
-        b.next = nb.next;
+        let keep = match prev {
+            Some(p) => {
+                let b = self.blocks.remove(&addr).expect("present");
+                grow += b.size;
+                p
+            }
+            None => addr,
+        };
+        let b = self.blocks.get_mut(&keep).expect("present");
+        b.size += grow;
+        b.next = new_next;
         b.stack = EMPTY_STACK;
         b.alloc_event = None;
-        if let Some(nn) = nb.next {
+        if let Some(nn) = new_next {
             if let Some(x) = self.blocks.get_mut(&nn) {
-                x.prev = Some(addr);
+                x.prev = Some(keep);
             }
         }
     }

@@ -207,8 +207,9 @@ const MAX_FROZEN: usize = 1 << 23;
 
 impl<B: Builder> Machine<'_, B> {
     /// Starts the helper once enough records have been read through known layouts, if the split allows one.
-    /// `here`: the offset just past the last record read.
-    pub(super) fn maybe_start_helper(&mut self, here: u64) {
+    /// `input` stands just past the last record read.
+    pub(super) fn maybe_start_helper<R: Read>(&mut self, input: &mut Input<R>) {
+        let here = input.offset();
         let Helping::Ready(split) = &self.helping else { return };
         if self.known_hits < split.after_records {
             return;
@@ -232,6 +233,7 @@ impl<B: Builder> Machine<'_, B> {
         let shared = Arc::new(Shared { start: AtomicU64::new(SEARCHING), stop: AtomicBool::new(false) });
         let theirs = shared.clone();
         let framed = self.last_frame.is_some();
+        let source = split.source.clone();
         let patient = split.patient;
         let started = std::thread::Builder::new().name("records".into()).spawn(move || {
             let out = help(helper, &shapes, &memo, &split, from, framed, &theirs);
@@ -242,6 +244,8 @@ impl<B: Builder> Machine<'_, B> {
         });
         if let Ok(handle) = started {
             self.helping = Helping::Running(Running { shared, patient, handle: Some(handle) });
+            // Two threads now decode on two cores: a third, reading ahead, would only take turns with them.
+            input.direct = Some(source);
         }
     }
 
