@@ -268,8 +268,9 @@ impl State {
                 b.state = BlockState::Inactive;
                 b.stack = EMPTY_STACK;
                 b.alloc_event = None;
+                let (prev, next) = (b.prev, b.next);
                 self.count(state, -(size as i128));
-                self.merge_free(e.addr);
+                self.merge_neighbours(e.addr, prev, next);
                 Ok(())
             }
             Action::SegmentAlloc => {
@@ -294,8 +295,9 @@ impl State {
                 b.state = BlockState::Inactive;
                 b.stack = EMPTY_STACK;
                 b.alloc_event = None;
+                let (prev, next) = (b.prev, b.next);
                 self.count(state, -(size as i128));
-                self.merge_free(e.addr);
+                self.merge_neighbours(e.addr, prev, next);
                 Ok(())
             }
             Action::FreeRequested => {
@@ -337,23 +339,23 @@ impl State {
 
     fn alloc(&mut self, e: &Event, idx: u32, rules: &Rules) -> Result<(), &'static str> {
         let rounded = rules.round(e.size);
-        let b = self.blocks.get(&e.addr).ok_or("alloc not at the start of a block")?;
+        // The block is looked up once: a third of a trace's events are allocations.
+        let b = self.blocks.get_mut(&e.addr).ok_or("alloc not at the start of a block")?;
         if b.state != BlockState::Inactive {
             return Err("alloc of a block that is in use");
         }
         let (size, seg_addr) = (b.size, b.segment);
         let seg = self.segments.get_mut(&seg_addr).ok_or("alloc in a block without a segment")?;
         let kind = *seg.kind.get_or_insert(if rounded <= SMALL_SIZE { PoolKind::Small } else { PoolKind::Large });
-        let mut taken = size;
-        if rounded < size && rules.should_split(kind, rounded, size - rounded) {
-            self.split(e.addr, rounded);
-            taken = rounded;
-        }
-        let b = self.blocks.get_mut(&e.addr).expect("present");
+        let split = rounded < size && rules.should_split(kind, rounded, size - rounded);
+        let taken = if split { rounded } else { size };
         b.state = BlockState::ActiveAllocated;
         b.requested = e.size;
         b.stack = e.stack;
         b.alloc_event = Some(idx);
+        if split {
+            self.split(e.addr, rounded);
+        }
         self.count(BlockState::ActiveAllocated, taken as i128);
         if rounded > taken {
             return Err("alloc larger than the free block it landed in");
@@ -401,26 +403,28 @@ impl State {
     /// Merges the free block at `addr` with free neighbours. A million frees go through here: each neighbour is
     /// looked up once, and only the blocks that change are touched again.
     fn merge_free(&mut self, addr: u64) {
-        let (prev, next) = {
-            let b = &self.blocks[&addr];
-            (b.prev, b.next)
-        };
+        let b = &self.blocks[&addr];
+        self.merge_neighbours(addr, b.prev, b.next);
+    }
+
+    /// [`State::merge_free`], told the block's neighbours.
+    fn merge_neighbours(&mut self, addr: u64, prev: Option<u64>, next: Option<u64>) {
         let free = |a: Option<u64>, blocks: &FxHashMap<u64, LiveBlock>| {
             a.filter(|a| blocks.get(a).is_some_and(|b| b.state == BlockState::Inactive))
         };
-        let (prev, next) = (free(prev, &self.blocks), free(next, &self.blocks));
-        if prev.is_none() && next.is_none() {
+        let (free_prev, free_next) = (free(prev, &self.blocks), free(next, &self.blocks));
+        if free_prev.is_none() && free_next.is_none() {
             return;
         }
         // What joins the block that survives (the previous one, if free): this block and/or the next one.
         let mut grow = 0;
-        let mut new_next = self.blocks[&addr].next;
-        if let Some(n) = next {
+        let mut new_next = next;
+        if let Some(n) = free_next {
             let nb = self.blocks.remove(&n).expect("linked");
             grow += nb.size;
             new_next = nb.next;
         }
-        let keep = match prev {
+        let keep = match free_prev {
             Some(p) => {
                 let b = self.blocks.remove(&addr).expect("present");
                 grow += b.size;
