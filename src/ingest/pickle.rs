@@ -1633,7 +1633,8 @@ impl<B: Builder> Machine<'_, B> {
                         }
                     }
                 }
-                arg => arg.value(rest, at)?,
+                // A number, None or a bool: nothing to drop, and a call to Value's drop glue per field costs.
+                arg => std::mem::ManuallyDrop::new(arg.value(rest, at)?),
             };
             if !self.builder.record_field(f.key, &v) {
                 return None;

@@ -95,8 +95,29 @@ pub struct LiveBlock {
     pub alloc_event: Option<u32>,
     /// Address of the segment holding it.
     pub segment: u64,
-    prev: Option<u64>,
-    next: Option<u64>,
+    prev: Link,
+    next: Link,
+}
+
+/// The address of a neighbouring block, or none: a `u64` with `u64::MAX` for none, 8 bytes where an
+/// `Option<u64>` takes 16, which keeps the replay's block map small.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Link(u64);
+
+impl Link {
+    const NONE: Link = Link(u64::MAX);
+
+    fn to(addr: u64) -> Link {
+        Link(addr)
+    }
+
+    fn of(addr: Option<u64>) -> Link {
+        addr.map_or(Link::NONE, Link)
+    }
+
+    fn get(self) -> Option<u64> {
+        (self != Link::NONE).then_some(self.0)
+    }
 }
 
 impl LiveBlock {
@@ -108,8 +129,8 @@ impl LiveBlock {
             stack: EMPTY_STACK,
             alloc_event: None,
             segment,
-            prev: None,
-            next: None,
+            prev: Link::NONE,
+            next: Link::NONE,
         }
     }
 }
@@ -172,12 +193,12 @@ impl State {
                         stack: b.stack,
                         alloc_event: None,
                         segment: s.address,
-                        prev,
-                        next: None,
+                        prev: Link::of(prev),
+                        next: Link::NONE,
                     },
                 );
                 if let Some(p) = prev {
-                    st.blocks.get_mut(&p).expect("inserted").next = Some(b.address);
+                    st.blocks.get_mut(&p).expect("inserted").next = Link::to(b.address);
                 }
                 prev = Some(b.address);
                 st.count(b.state, b.size as i128);
@@ -211,7 +232,7 @@ impl State {
         std::iter::from_fn(move || {
             let a = at?;
             let b = self.blocks.get(&a)?;
-            at = b.next;
+            at = b.next.get();
             Some((a, b))
         })
     }
@@ -268,7 +289,7 @@ impl State {
                 b.state = BlockState::Inactive;
                 b.stack = EMPTY_STACK;
                 b.alloc_event = None;
-                let (prev, next) = (b.prev, b.next);
+                let (prev, next) = (b.prev.get(), b.next.get());
                 self.count(state, -(size as i128));
                 self.merge_neighbours(e.addr, prev, next);
                 Ok(())
@@ -295,7 +316,7 @@ impl State {
                 b.state = BlockState::Inactive;
                 b.stack = EMPTY_STACK;
                 b.alloc_event = None;
-                let (prev, next) = (b.prev, b.next);
+                let (prev, next) = (b.prev.get(), b.next.get());
                 self.count(state, -(size as i128));
                 self.merge_neighbours(e.addr, prev, next);
                 Ok(())
@@ -325,13 +346,13 @@ impl State {
         let b = self.blocks.get_mut(&addr).expect("caller checked");
         let rest_addr = addr + size;
         let mut rest = LiveBlock::free(b.size - size, b.segment);
-        rest.prev = Some(addr);
+        rest.prev = Link::to(addr);
         rest.next = b.next;
         b.size = size;
-        b.next = Some(rest_addr);
-        if let Some(n) = rest.next {
+        b.next = Link::to(rest_addr);
+        if let Some(n) = rest.next.get() {
             if let Some(nb) = self.blocks.get_mut(&n) {
-                nb.prev = Some(rest_addr);
+                nb.prev = Link::to(rest_addr);
             }
         }
         self.blocks.insert(rest_addr, rest);
@@ -404,7 +425,7 @@ impl State {
     /// looked up once, and only the blocks that change are touched again.
     fn merge_free(&mut self, addr: u64) {
         let b = &self.blocks[&addr];
-        self.merge_neighbours(addr, b.prev, b.next);
+        self.merge_neighbours(addr, b.prev.get(), b.next.get());
     }
 
     /// [`State::merge_free`], told the block's neighbours.
@@ -422,7 +443,7 @@ impl State {
         if let Some(n) = free_next {
             let nb = self.blocks.remove(&n).expect("linked");
             grow += nb.size;
-            new_next = nb.next;
+            new_next = nb.next.get();
         }
         let keep = match free_prev {
             Some(p) => {
@@ -434,12 +455,12 @@ impl State {
         };
         let b = self.blocks.get_mut(&keep).expect("present");
         b.size += grow;
-        b.next = new_next;
+        b.next = Link::of(new_next);
         b.stack = EMPTY_STACK;
         b.alloc_event = None;
         if let Some(nn) = new_next {
             if let Some(x) = self.blocks.get_mut(&nn) {
-                x.prev = Some(keep);
+                x.prev = Link::to(keep);
             }
         }
     }
@@ -476,7 +497,7 @@ impl State {
                 busy = true;
                 self.count(b.state, -(b.size as i128));
             }
-            at = b.next;
+            at = b.next.get();
         }
         if busy {
             return Err("segment released while blocks in it were in use");
@@ -492,7 +513,7 @@ impl State {
             let Some(b) = self.blocks.remove(&a) else {
                 break;
             };
-            at = b.next;
+            at = b.next.get();
             out.push((a, b));
         }
         out
@@ -503,8 +524,8 @@ impl State {
         let addrs: Vec<u64> = blocks.iter().map(|(a, _)| *a).collect();
         for (i, (a, mut b)) in blocks.into_iter().enumerate() {
             b.segment = seg;
-            b.prev = (i > 0).then(|| addrs[i - 1]);
-            b.next = addrs.get(i + 1).copied();
+            b.prev = Link::of((i > 0).then(|| addrs[i - 1]));
+            b.next = Link::of(addrs.get(i + 1).copied());
             self.blocks.insert(a, b);
         }
     }
