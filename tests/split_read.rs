@@ -3,20 +3,38 @@
 //! Every real and generated snapshot is read with the helper started at many points, and a generated trace with
 //! everything the helper has to get right (frames cut by protocol 4/5 FRAME headers, BINPUT slots in protocol 2,
 //! stacks first seen after the helper started, OOM entries, two devices, pool ids, compile contexts) must both
-//! match and actually be read in part by the helper.
+//! match and actually be read in part by the helper. Where the records read before the helper's were already
+//! replayed while reading (`replay::Head`), the device's replay must come out the same as one made from scratch.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use oomdoc::ingest::pickle::{ReadAt, Split};
 use oomdoc::ingest::snapshot::{self, Snapshot};
+use oomdoc::timeline::replay::Replay;
 
-/// Everything a read produces that a report could depend on, in a comparable form.
+/// Everything a read produces that a report could depend on, in a comparable form, with each device's replay.
 fn digest(s: &Snapshot) -> String {
     let tl = &s.timeline;
     let mut out = format!("{} p{} {} bytes\n{:?}\n", s.format_version, s.protocol, s.bytes, tl.stacks);
     for d in &tl.devices {
         out += &format!("device {}: {:?}\n{:?}\n{:?}\n", d.device, d.events, d.event_attrs.all(), d.segments);
+        let r = Replay::new(d, tl.settings.as_ref());
+        out += &format!(
+            "replay {:?} {:?} {:?} {:?}\n{:?}\n{:?}\n",
+            r.peak_allocated, r.peak_reserved, r.end_mismatch, r.anomalies, r.allocated_series, r.reserved_series
+        );
+        for at in [None, Some(d.events.len() as u32 / 3), Some(d.events.len().saturating_sub(1) as u32)] {
+            let st = r.state_at(at);
+            out += &format!(
+                "at {at:?}: {} {} {} {} {}\n",
+                st.allocated,
+                st.active,
+                st.reserved,
+                st.largest_free_block(),
+                st.block_count()
+            );
+        }
     }
     out += &format!("{:?}\n{:?}\n", tl.settings, tl.annotations);
     out
@@ -28,20 +46,27 @@ fn read(bytes: &[u8], split: Option<Split>) -> Result<Snapshot, String> {
 
 fn split_at(bytes: &[u8], at: f64, after_records: u32) -> Split {
     let source: Arc<dyn ReadAt> = Arc::new(bytes.to_vec());
-    Split { source, len: bytes.len() as u64, min_rest: 0, after_records, at, patient: true }
+    Split { source, len: bytes.len() as u64, min_rest: 0, after_records, at, settle_after: 1, patient: true }
 }
 
 const POINTS: [f64; 9] = [0.0, 0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95, 1.0];
+
+/// Devices whose first events were replayed while reading.
+fn heads(s: &Snapshot) -> usize {
+    s.timeline.devices.iter().filter(|d| d.replay_head.lock().unwrap().is_some()).count()
+}
 
 /// Reads `bytes` alone and with a helper started at each of `POINTS`; returns the most records a helper read.
 fn same_with_helper(name: &str, bytes: &[u8]) -> u64 {
     let alone = read(bytes, None);
     let mut most = 0;
+    let mut replayed = 0;
     for after in [1, 64, 2000] {
         for at in POINTS {
             let helped = read(bytes, Some(split_at(bytes, at, after)));
             match (&alone, &helped) {
                 (Ok(a), Ok(h)) => {
+                    replayed += heads(h);
                     assert_eq!(digest(a), digest(h), "{name}: helper from {at} after {after} records");
                     most = most.max(h.helper_records);
                 }
@@ -50,6 +75,8 @@ fn same_with_helper(name: &str, bytes: &[u8]) -> u64 {
             }
         }
     }
+    // Whenever a helper's records were taken in, the events before them were replayed while reading.
+    assert!(most == 0 || replayed > 0, "{name}: a helper read {most} records but no replay was made while reading");
     most
 }
 

@@ -370,6 +370,9 @@ pub trait Builder {
     /// Forgets what the builder made since `mark`: the fast path gave up a container whose nested records the
     /// builder had already closed, and the generic path is about to read them again.
     fn rewind(&mut self, _mark: usize) {}
+    /// The records read so far will not be rewound or changed: a helper's records are about to be taken in. The
+    /// builder may start on them now if there are at least `min` of them.
+    fn settled(&mut self, _min: usize) {}
     /// A helper that reads records as this builder would, on another thread; `None`: records are read here only.
     fn helper(&self) -> Option<Self::Helper> {
         None

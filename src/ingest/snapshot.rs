@@ -6,6 +6,7 @@
 use std::io::Read;
 
 use super::pickle::{self, dict_get, Builder, RecordHelper, Value};
+use crate::timeline::replay::Head;
 use crate::timeline::stacks::{Frame, StackId, Stacks, StrId, Strings, EMPTY_STACK};
 use crate::timeline::{
     Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTimeline, Event, EventAttrTable, EventAttrs,
@@ -162,6 +163,10 @@ struct SnapshotBuilder {
     rec_attrs: EventAttrs,
     /// The keys seen before the open record began: what a given-up record must not leave behind.
     seen_before: Seen,
+    /// Events before these (`events[0]` is event `base`) are being replayed on another thread (see
+    /// [`Builder::settled`]), which hands them back with the replay when joined.
+    base: usize,
+    head: Option<std::thread::JoinHandle<(Vec<Event>, Head)>>,
 }
 
 /// What decoding a trace entry's fields needs besides the entry itself.
@@ -305,9 +310,26 @@ impl SnapshotBuilder {
     fn push_event(&mut self, mut e: Event, a: EventAttrs) -> Result<Value, String> {
         self.close_open();
         self.event_attrs.assign(&mut e, a)?;
-        let idx = u32::try_from(self.events.len()).map_err(|_| "more than 4 billion trace entries".to_string())?;
+        let idx = u32::try_from(self.base + self.events.len())
+            .map_err(|_| "more than 4 billion trace entries".to_string())?;
         self.events.push(e);
         Ok(Value::Custom(TRACE, idx))
+    }
+
+    /// All events read, in order, and the replay of the first ones if one was started.
+    fn take_events(&mut self) -> (Vec<Event>, Option<Head>) {
+        self.close_open();
+        let rest = std::mem::take(&mut self.events);
+        self.base = 0;
+        match self.head.take().map(|h| h.join()) {
+            None => (rest, None),
+            Some(Ok((mut first, head))) => {
+                first.extend_from_slice(&rest);
+                (first, Some(head))
+            }
+            // The replay would have panicked the same way in the analysis.
+            Some(Err(p)) => std::panic::resume_unwind(p),
+        }
     }
 }
 
@@ -410,8 +432,8 @@ impl Builder for SnapshotBuilder {
 
     fn absorb(&mut self, mut h: EntryHelper, resolve: &dyn Fn(u32) -> Option<Value>) -> Option<(u8, u32)> {
         self.close_open();
-        let first = u32::try_from(self.events.len()).ok()?;
-        u32::try_from(self.events.len() + h.events.len()).ok()?;
+        let first = u32::try_from(self.base + self.events.len()).ok()?;
+        u32::try_from(self.base + self.events.len() + h.events.len()).ok()?;
         // Past the table's limit, the records are read here again, and fail where they fail.
         if self.event_attrs.len() + h.event_attrs.len() > MAX_EVENT_ATTRS {
             return None;
@@ -427,11 +449,15 @@ impl Builder for SnapshotBuilder {
         // would have added them in.
         let ids: Vec<u32> =
             h.event_attrs.all().iter().map(|a| self.event_attrs.intern(*a)).collect::<Result<_, _>>().ok()?;
-        self.events.extend(h.events.iter().map(|e| {
-            let mut e = e.clone();
+        for e in h.events.iter_mut() {
             e.set_attrs_id(ids[e.attrs_id() as usize]);
-            e
-        }));
+        }
+        if self.events.is_empty() {
+            // Just settled (the events before are being replayed): the helper's table becomes this one.
+            self.events = h.events;
+        } else {
+            self.events.extend_from_slice(&h.events);
+        }
         self.cx.seen.merge(h.cx.seen);
         Some((TRACE, first))
     }
@@ -476,7 +502,7 @@ impl Builder for SnapshotBuilder {
     }
 
     fn record_end(&mut self) -> Option<Value> {
-        let idx = u32::try_from(self.events.len().checked_sub(1)?).ok()?;
+        let idx = u32::try_from((self.base + self.events.len()).checked_sub(1)?).ok()?;
         let e = self.events.last_mut().filter(|_| self.open)?;
         self.event_attrs.assign(e, self.rec_attrs).ok()?;
         self.open = false;
@@ -484,16 +510,52 @@ impl Builder for SnapshotBuilder {
     }
 
     fn expected_records(&self) -> usize {
-        self.events.capacity()
+        self.base + self.events.capacity()
     }
 
     fn mark(&self) -> usize {
-        self.events.len() - self.open as usize
+        self.base + self.events.len() - self.open as usize
     }
 
     fn rewind(&mut self, mark: usize) {
         self.close_open();
-        self.events.truncate(mark);
+        if mark < self.base {
+            let (events, _) = self.take_events();
+            self.events = events;
+        }
+        self.events.truncate(mark - self.base);
+    }
+
+    /// The records read so far stay as they are: replay them on another thread while the rest is read.
+    fn settled(&mut self, min: usize) {
+        self.close_open();
+        if self.head.is_some() || self.base > 0 || self.events.len() < min.max(1) {
+            return;
+        }
+        let total = self.events.capacity();
+        let first = std::mem::take(&mut self.events);
+        let attrs = self.event_attrs.clone();
+        let n = first.len();
+        // The events travel through a slot, so that they come back if the thread cannot start.
+        let slot = std::sync::Arc::new(std::sync::Mutex::new(Some((first, attrs))));
+        let theirs = slot.clone();
+        let started = std::thread::Builder::new().name("replay-head".into()).spawn(move || {
+            let (first, attrs) = theirs.lock().unwrap_or_else(|e| e.into_inner()).take().expect("put above");
+            let head = Head::run(&first, &attrs, total);
+            (first, head)
+        });
+        match started {
+            Ok(handle) => {
+                self.head = Some(handle);
+                self.base = n;
+            }
+            // No thread: the events never left the slot.
+            Err(_) => {
+                if let Some((first, _)) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    self.events = first;
+                }
+            }
+        }
     }
 
     fn close_list(&mut self, items: &[Value]) -> Option<Value> {
@@ -558,10 +620,16 @@ pub fn read_split<R: Read>(
         open: false,
         rec_attrs: EventAttrs::default(),
         seen_before: Seen::default(),
+        base: 0,
+        head: None,
     };
     let parsed = pickle::read_split(src, &mut b, strings, progress, split)?;
     b.close_open();
-    let SnapshotBuilder { cx, events: mut all_events, event_attrs, .. } = b;
+    let cx = std::mem::replace(
+        &mut b.cx,
+        EntryCx { stacks: Stacks::default(), frame_buf: Vec::new(), seen: Seen::default() },
+    );
+    let event_attrs = std::mem::take(&mut b.event_attrs);
     let EntryCx { stacks, seen, .. } = cx;
     let mut d =
         Decoder { strings: &parsed.strings, work_left: parsed.bytes_read.max(1024), stacks, frame_buf: Vec::new() };
@@ -654,10 +722,18 @@ pub fn read_split<R: Read>(
                 }
                 _ => false,
             });
+            // Joined only now, so that the segments were decoded while the replay of the first events ended.
+            let (mut all_events, mut head) = b.take_events();
             let mut consumed = 0usize;
             for (dev, h) in held {
                 let events = match h {
                     Held::Run(first, len) if movable => {
+                        // The replay made while reading covers this device's first events only if its list starts
+                        // the events read.
+                        if first == 0 && head.as_ref().is_some_and(|h| h.len() <= len) {
+                            *tl.device_mut(dev as i64).replay_head.get_mut().unwrap_or_else(|e| e.into_inner()) =
+                                head.take();
+                        }
                         // Dicts read before the trace that looked like entries (an `action` key) may precede the
                         // run: drop them in place, then move the run out (no second copy of the trace).
                         all_events.drain(..first - consumed);

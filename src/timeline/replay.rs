@@ -19,7 +19,7 @@ const SMALL_SIZE: u64 = 1 << 20;
 const SMALL_BUFFER: u64 = 2 << 20;
 
 /// The allocator's sizing rules, as configured for this file.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Rules {
     pub expandable: bool,
     pub max_split_size: Option<u64>,
@@ -806,43 +806,109 @@ struct Pass {
     reserved_series: StepSeries,
 }
 
+impl Pass {
+    /// A pass about to replay `len` events from `start`.
+    fn new(start: State, len: usize) -> Pass {
+        let allocated_series = Vec::with_capacity(len);
+        crate::huge_pages::advise(&allocated_series);
+        Pass {
+            checkpoints: Vec::with_capacity(len / CHECKPOINT_EVERY + 1),
+            anomalies: Vec::new(),
+            peak_allocated: (start.allocated, None),
+            peak_reserved: (start.reserved, None),
+            end: start,
+            allocated_series,
+            reserved_series: StepSeries::default(),
+        }
+    }
+
+    /// Replays `events[from..]`, the events before `from` having been replayed already.
+    fn run(&mut self, events: &[Event], from: usize, rules: &Rules, attrs: &EventAttrTable) {
+        let st = &mut self.end;
+        for (i, e) in events.iter().enumerate().skip(from) {
+            if i % CHECKPOINT_EVERY == 0 {
+                self.checkpoints.push(st.clone());
+            }
+            if let Err(what) = st.apply(e, i as u32, rules, attrs) {
+                self.anomalies.push(Anomaly { event: i as u32, what });
+            }
+            if st.allocated > self.peak_allocated.0 {
+                self.peak_allocated = (st.allocated, Some(i as u32));
+            }
+            if st.reserved > self.peak_reserved.0 {
+                self.peak_reserved = (st.reserved, Some(i as u32));
+            }
+            self.allocated_series.push(st.allocated);
+            self.reserved_series.push(st.reserved);
+        }
+    }
+
+    fn finish(mut self) -> Pass {
+        if self.checkpoints.is_empty() {
+            self.checkpoints.push(self.end.clone());
+        }
+        self
+    }
+}
+
 fn forward(dev: &DeviceTimeline, start: State, rules: &Rules) -> Pass {
-    let events = &dev.events;
-    let mut st = start;
-    let mut checkpoints = Vec::with_capacity(events.len() / CHECKPOINT_EVERY + 1);
-    let mut anomalies = Vec::new();
-    let mut peak_allocated = (st.allocated, None);
-    let mut peak_reserved = (st.reserved, None);
-    let mut allocated_series = Vec::with_capacity(events.len());
-    let mut reserved_series = StepSeries::default();
-    crate::huge_pages::advise(&allocated_series);
-    for (i, e) in events.iter().enumerate() {
-        if i % CHECKPOINT_EVERY == 0 {
-            checkpoints.push(st.clone());
-        }
-        if let Err(what) = st.apply(e, i as u32, rules, &dev.event_attrs) {
-            anomalies.push(Anomaly { event: i as u32, what });
-        }
-        if st.allocated > peak_allocated.0 {
-            peak_allocated = (st.allocated, Some(i as u32));
-        }
-        if st.reserved > peak_reserved.0 {
-            peak_reserved = (st.reserved, Some(i as u32));
-        }
-        allocated_series.push(st.allocated);
-        reserved_series.push(st.reserved);
+    let mut pass = Pass::new(start, dev.events.len());
+    pass.run(&dev.events, 0, rules, &dev.event_attrs);
+    pass.finish()
+}
+
+/// The replay of a trace's first events from an empty allocator, made while the rest of the file is still being
+/// read (see `ingest::snapshot`), under the rules those events and a file without settings imply. The device's
+/// [`Replay`] goes on from it when the file's rules turn out the same, and starts over otherwise.
+pub struct Head {
+    rules: Rules,
+    pass: Pass,
+    len: usize,
+}
+
+impl Head {
+    /// `capacity`: how many events the whole trace may have, to size the per-event series once.
+    pub fn run(events: &[Event], attrs: &EventAttrTable, capacity: usize) -> Head {
+        let rules = Rules {
+            expandable: events.iter().any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap)),
+            ..Rules::default()
+        };
+        let mut pass = Pass::new(State::default(), capacity.max(events.len()));
+        pass.run(events, 0, &rules, attrs);
+        Head { rules, pass, len: events.len() }
     }
-    if checkpoints.is_empty() {
-        checkpoints.push(st.clone());
+
+    /// Events replayed.
+    pub fn len(&self) -> usize {
+        self.len
     }
-    Pass { checkpoints, anomalies, peak_allocated, peak_reserved, end: st, allocated_series, reserved_series }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Debug for Head {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Head({} events)", self.len)
+    }
 }
 
 impl<'t> Replay<'t> {
     pub fn new(dev: &'t DeviceTimeline, settings: Option<&AllocatorSettings>) -> Replay<'t> {
         let rules = Rules::new(settings, dev);
-        // Most traces with a history start from an empty device: try that first, it needs no extra pass.
-        let mut pass = forward(dev, State::default(), &rules);
+        // Most traces with a history start from an empty device: try that first, it needs no extra pass. Its
+        // first part may have been replayed already, while the file was read.
+        let head = dev.replay_head.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let mut pass = match head.filter(|h| h.rules == rules && h.len <= dev.events.len()) {
+            Some(h) => {
+                let mut pass = h.pass;
+                pass.allocated_series.reserve(dev.events.len() - h.len);
+                pass.run(&dev.events, h.len, &rules, &dev.event_attrs);
+                pass.finish()
+            }
+            None => forward(dev, State::default(), &rules),
+        };
         let mut end_mismatch = if dev.events.is_empty() { None } else { pass.end.diff(&dev.segments) };
         let mut completeness = Completeness::default();
         if !dev.events.is_empty() && (!pass.anomalies.is_empty() || end_mismatch.is_some()) {

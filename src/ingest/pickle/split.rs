@@ -60,6 +60,9 @@ pub struct Split {
     pub after_records: u32,
     /// Where in the rest of the input the helper starts looking for a record, as a fraction of it.
     pub at: f64,
+    /// The records read before the helper's, at the least, for the builder to start on them at once (see
+    /// [`Builder::settled`]): fewer are not worth a thread.
+    pub settle_after: usize,
     /// This thread waits for the helper to find its start, and at their meeting for it to finish on its own,
     /// instead of going on without it: what the helper does then no longer depends on timing (for tests).
     pub patient: bool,
@@ -67,7 +70,7 @@ pub struct Split {
 
 impl Split {
     pub fn new(source: Arc<dyn ReadAt>, len: u64) -> Split {
-        Split { source, len, min_rest: 8 << 20, after_records: 4096, at: 0.5, patient: false }
+        Split { source, len, min_rest: 8 << 20, after_records: 4096, at: 0.5, settle_after: 1 << 16, patient: false }
     }
 }
 
@@ -133,6 +136,7 @@ const CHUNK: usize = 1 << 20;
 pub(super) struct Running<H> {
     shared: Arc<Shared>,
     patient: bool,
+    settle_after: usize,
     handle: Option<JoinHandle<Option<Helped<H>>>>,
 }
 
@@ -235,6 +239,7 @@ impl<B: Builder> Machine<'_, B> {
         let framed = self.last_frame.is_some();
         let source = split.source.clone();
         let patient = split.patient;
+        let settle_after = split.settle_after;
         let started = std::thread::Builder::new().name("records".into()).spawn(move || {
             let out = help(helper, &shapes, &memo, &split, from, framed, &theirs);
             if out.is_none() {
@@ -243,7 +248,7 @@ impl<B: Builder> Machine<'_, B> {
             out
         });
         if let Ok(handle) = started {
-            self.helping = Helping::Running(Running { shared, patient, handle: Some(handle) });
+            self.helping = Helping::Running(Running { shared, patient, settle_after, handle: Some(handle) });
             // Two threads now decode on two cores: a third, reading ahead, would only take turns with them.
             input.direct = Some(source);
         }
@@ -284,13 +289,19 @@ impl<B: Builder> Machine<'_, B> {
         if out.put_base.is_some_and(|b| b as usize != self.memo.dense_len()) {
             return Ok(false);
         }
-        self.take_helped(input, out)
+        self.take_helped(input, out, run.settle_after)
     }
 
     /// Pushes the helper's records, stores them in the memo and appends them to their list as reading them here
     /// would have, then skips the input to where the helper stopped.
-    fn take_helped<R: Read>(&mut self, input: &mut Input<R>, out: Helped<B::Helper>) -> Result<bool, PickleError> {
+    fn take_helped<R: Read>(
+        &mut self,
+        input: &mut Input<R>,
+        out: Helped<B::Helper>,
+        settle_after: usize,
+    ) -> Result<bool, PickleError> {
         let n = out.stored.len() as u32;
+        self.builder.settled(settle_after);
         let memo = &self.memo;
         let resolve = |slot: u32| memo.dense_get(slot as usize).map(|v| v.clone());
         let Some((kind, first)) = self.builder.absorb(out.helper, &resolve) else { return Ok(false) };
