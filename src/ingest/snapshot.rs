@@ -203,6 +203,10 @@ fn want_u64(v: &Value, key: &str, what: &str) -> Result<u64, String> {
 const W: &str = "trace entry";
 
 impl EntryCx {
+    fn new() -> EntryCx {
+        EntryCx { stacks: Stacks::default(), frame_buf: Vec::new(), seen: Seen::default() }
+    }
+
     /// Puts one trace-entry field into `e` and `a`: the one decoder of both the streamed and the collected path.
     #[inline]
     fn field(&mut self, e: &mut Event, a: &mut EventAttrs, key: StrId, v: &Value) -> Result<(), String> {
@@ -421,7 +425,7 @@ impl Builder for SnapshotBuilder {
         let events = Vec::with_capacity((self.events.capacity() - self.events.len()) / 2 + 1024);
         crate::huge_pages::advise(&events);
         Some(EntryHelper {
-            cx: EntryCx { stacks: Stacks::default(), frame_buf: Vec::new(), seen: Seen::default() },
+            cx: EntryCx::new(),
             events,
             event_attrs: EventAttrTable::default(),
             deferred_stacks: Vec::new(),
@@ -610,7 +614,7 @@ pub fn read_split<R: Read>(
     // Capped so that a hostile length cannot reserve absurd address space.
     let reserve = (len / MIN_ENTRY_BYTES).min(1 << 23) as usize;
     let mut b = SnapshotBuilder {
-        cx: EntryCx { stacks: Stacks::default(), frame_buf: Vec::new(), seen: Seen::default() },
+        cx: EntryCx::new(),
         events: {
             let v = Vec::with_capacity(reserve);
             crate::huge_pages::advise(&v);
@@ -625,10 +629,7 @@ pub fn read_split<R: Read>(
     };
     let parsed = pickle::read_split(src, &mut b, strings, progress, split)?;
     b.close_open();
-    let cx = std::mem::replace(
-        &mut b.cx,
-        EntryCx { stacks: Stacks::default(), frame_buf: Vec::new(), seen: Seen::default() },
-    );
+    let cx = std::mem::replace(&mut b.cx, EntryCx::new());
     let event_attrs = std::mem::take(&mut b.event_attrs);
     let EntryCx { stacks, seen, .. } = cx;
     let mut d =
