@@ -155,6 +155,11 @@ struct ExplainArgs {
 }
 
 fn main() -> ExitCode {
+    install_panic_hook();
+    // How the tests see the hook at work (tests/bad_input.rs).
+    if std::env::var_os("OOMDOC_TEST_PANIC").is_some() {
+        panic!("OOMDOC_TEST_PANIC is set");
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -175,6 +180,26 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The last line of defence: a panic is a bug, and the user gets one line saying so and where (exit 3), not a
+/// backtrace, unless they asked for one with RUST_BACKTRACE.
+fn install_panic_hook() {
+    if std::env::var_os("RUST_BACKTRACE").is_some_and(|v| !v.is_empty() && v != "0") {
+        return;
+    }
+    std::panic::set_hook(Box::new(|info| {
+        let at =
+            info.location().map_or_else(|| "an unknown place".to_string(), |l| format!("{}:{}", l.file(), l.line()));
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!("oomdoc: internal error at {at}: {what}: this is a bug; please report it with the file it read");
+        std::process::exit(3);
+    }));
 }
 
 fn run(cli: Cli) -> Result<ExitCode, Error> {

@@ -147,3 +147,82 @@ fn missing_file_and_bad_usage() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("devices present: 0"), "{}", stderr(&o));
 }
+
+/// The three inputs that panicked the pickle reader (issue 16): a LIST or DICT opcode with items after its MARK
+/// (protocol 0/1 style, hand-made or mutated), and a small memo bomb of such lists. One line, exit 2, each.
+#[test]
+fn list_and_dict_opcodes_with_items_are_read_not_panicked_on() {
+    for (name, what) in [
+        ("list-of-memo-refs-bomb.pickle", "not a PyTorch memory snapshot"),
+        ("list-opcode-with-items.pickle", "first item is an int"),
+        ("dict-opcode-with-items.pickle", "not a PyTorch memory snapshot"),
+    ] {
+        let bytes = common::read(format!("fuzz/regressions/snapshot/{name}"));
+        let e = error_for(name, &bytes);
+        assert!(e.contains(what), "{name}: {e}");
+    }
+}
+
+#[path = "../fuzz/src/lib.rs"]
+#[allow(dead_code)]
+mod fuzz_targets;
+
+/// Every input a fuzz target ever crashed on (`fuzz/regressions/<target>/`), replayed through the same target
+/// code the fuzzer ran: none may panic again.
+#[test]
+fn every_fuzz_crash_is_replayed() {
+    let dir = common::root().join("fuzz/regressions");
+    let mut replayed = 0;
+    for target in std::fs::read_dir(&dir).expect("fuzz/regressions") {
+        let target = target.unwrap().path();
+        let name = target.file_name().unwrap().to_string_lossy().into_owned();
+        let run: fn(&[u8]) = match name.as_str() {
+            "pickle" => fuzz_targets::pickle,
+            "snapshot" => fuzz_targets::snapshot,
+            "snapshot_split" => fuzz_targets::snapshot_split,
+            "oom_log" => fuzz_targets::oom_log,
+            "vllm_log" => fuzz_targets::vllm_log,
+            "nvidia_smi" => fuzz_targets::nvidia_smi,
+            "nsys_csv" => fuzz_targets::nsys_csv,
+            "nsys_sqlite" => fuzz_targets::nsys_sqlite,
+            "ncu" => fuzz_targets::ncu,
+            "rule_file" => fuzz_targets::rule_file,
+            "when_expr" => fuzz_targets::when_expr,
+            "categories" => fuzz_targets::categories,
+            "budget_config" => fuzz_targets::budget_config,
+            "job" => fuzz_targets::job,
+            other => panic!("fuzz/regressions/{other}: no such fuzz target"),
+        };
+        let mut files: Vec<_> = std::fs::read_dir(&target).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        for f in files {
+            let bytes = std::fs::read(&f).unwrap();
+            let outcome = std::panic::catch_unwind(|| run(&bytes));
+            assert!(outcome.is_ok(), "{} panicked again", f.display());
+            // The pickle readers' inputs also go through the binary: one line and exit 2, or a report.
+            if matches!(name.as_str(), "pickle" | "snapshot" | "snapshot_split") {
+                let o = oomdoc(&["analyze", f.to_str().unwrap()]);
+                assert!(matches!(o.status.code(), Some(0) | Some(2)), "{}: {}", f.display(), stderr(&o));
+                assert!(stderr(&o).lines().count() <= 1, "{}: {}", f.display(), stderr(&o));
+            }
+            replayed += 1;
+        }
+    }
+    assert!(replayed >= 4, "only {replayed} regression inputs");
+}
+
+/// The panic hook is the last line of defence: a panic anywhere prints one line naming the place and exits 3.
+#[test]
+fn a_panic_is_one_line_and_exit_3() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_oomdoc"))
+        .args(["analyze", "fixtures/real/mlsys-linear-t24.pickle"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("OOMDOC_TEST_PANIC", "1")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.starts_with("oomdoc: internal error at src/") && e.contains("this is a bug"), "{e}");
+}

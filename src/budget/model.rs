@@ -376,6 +376,11 @@ pub fn load(flags: &ModelFlags) -> Result<Model, Error> {
         Some(p) => Some(read_config(p)?),
         None => None,
     };
+    from_config(flags, cfg)
+}
+
+/// [`load`], given the config.json already read (see [`parse_config`]).
+pub fn from_config(flags: &ModelFlags, cfg: Option<Map<String, Value>>) -> Result<Model, Error> {
     let path = flags.config.as_ref().map(|p| p.display().to_string());
     let mut notes = Vec::new();
     let bad = |message: String| Error::Input { path: path.clone().unwrap_or_else(|| "<flags>".into()), message };
@@ -400,12 +405,23 @@ pub fn load(flags: &ModelFlags) -> Result<Model, Error> {
     let model_type = text("model_type");
     let mt = model_type.as_deref().unwrap_or("");
 
-    let layers = flags.layers.or(get(&["num_hidden_layers", "n_layer", "num_layers"])?);
-    let hidden = flags.hidden.or(get(&["hidden_size", "n_embd", "d_model"])?);
-    let heads = flags.heads.or(get(&["num_attention_heads", "n_head"])?);
-    let vocab = flags.vocab.or(get(&["vocab_size"])?);
+    // Beyond these no model exists, and the products of the formulas (s·b·h·a·s…) must stay inside 128 bits.
+    let bounded = |v: Option<u64>, what: &str, max: u64| -> Result<Option<u64>, Error> {
+        match v {
+            Some(n) if n > max => Err(bad(format!("{what} {n} is larger than any model's (at most {max})"))),
+            v => Ok(v),
+        }
+    };
+    let layers = bounded(flags.layers.or(get(&["num_hidden_layers", "n_layer", "num_layers"])?), "layers", 1 << 16)?;
+    let hidden = bounded(flags.hidden.or(get(&["hidden_size", "n_embd", "d_model"])?), "hidden size", 1 << 24)?;
+    let heads = bounded(flags.heads.or(get(&["num_attention_heads", "n_head"])?), "attention heads", 1 << 16)?;
+    let vocab = bounded(flags.vocab.or(get(&["vocab_size"])?), "vocabulary", 1 << 32)?;
     let gpt_style = GPT_STYLE.contains(&mt);
-    let intermediate = match flags.intermediate.or(get(&["intermediate_size", "n_inner", "ffn_dim"])?) {
+    let intermediate = match bounded(
+        flags.intermediate.or(get(&["intermediate_size", "n_inner", "ffn_dim"])?),
+        "intermediate size",
+        1 << 26,
+    )? {
         Some(i) => Some(i),
         // GPT-2 writes n_inner: null for the default 4·h.
         None if gpt_style => hidden.map(|h| 4 * h),
@@ -418,12 +434,15 @@ pub fn load(flags: &ModelFlags) -> Result<Model, Error> {
                 return Err(bad("layers, hidden size, heads and vocabulary must be positive".into()));
             }
             let kv_heads = flags.kv_heads.or(get(&["num_key_value_heads", "num_kv_heads"])?).unwrap_or(heads);
+            let kv_heads = bounded(Some(kv_heads), "KV heads", 1 << 16)?.unwrap_or(heads);
             if kv_heads == 0 || heads % kv_heads != 0 {
                 return Err(bad(format!(
                     "{heads} attention heads cannot be shared by {kv_heads} KV heads (it must divide them)"
                 )));
             }
-            let head_dim = flags.head_dim.or(get(&["head_dim"])?).unwrap_or(hidden / heads);
+            let head_dim =
+                bounded(Some(flags.head_dim.or(get(&["head_dim"])?).unwrap_or(hidden / heads)), "head dim", 1 << 20)?
+                    .unwrap_or(0);
             let bool_of = |k: &str| c.and_then(|c| c.get(k)).and_then(Value::as_bool);
             // When the config is silent, follow the model class's own default: GPT-2-style and Gemma configs tie the
             // LM head to the embedding, Llama-style ones (LlamaConfig, MistralConfig, Qwen2Config) do not.
@@ -438,28 +457,41 @@ pub fn load(flags: &ModelFlags) -> Result<Model, Error> {
                 qk_norm: mt.starts_with("qwen3"),
                 router_bias: mt == "deepseek_v3",
             };
-            let experts = flags.experts.or(get(&["num_local_experts", "n_routed_experts", "num_experts"])?);
+            let experts = bounded(
+                flags.experts.or(get(&["num_local_experts", "n_routed_experts", "num_experts"])?),
+                "experts",
+                1 << 20,
+            )?;
             let moe = match experts {
                 Some(e) if e > 1 => {
                     let per_token =
                         flags.experts_per_token.or(get(&["num_experts_per_tok", "moe_top_k"])?).unwrap_or(2);
+                    if per_token == 0 {
+                        return Err(bad("experts per token must be at least 1".into()));
+                    }
                     Some(Moe {
                         experts: e,
                         per_token: per_token.min(e),
-                        expert_intermediate: get(&["moe_intermediate_size"])?.unwrap_or(intermediate),
-                        shared_experts: get(&["n_shared_experts"])?.unwrap_or(0),
+                        expert_intermediate: bounded(
+                            get(&["moe_intermediate_size"])?,
+                            "MoE intermediate size",
+                            1 << 26,
+                        )?
+                        .unwrap_or(intermediate),
+                        shared_experts: bounded(get(&["n_shared_experts"])?, "shared experts", 1 << 20)?.unwrap_or(0),
                         dense_layers: get(&["first_k_dense_replace"])?.unwrap_or(0).min(layers),
                     })
                 }
                 _ => None,
             };
-            let mla = match get(&["kv_lora_rank"])? {
+            let dim = |keys: &[&str]| bounded(get(keys)?, keys[0], 1 << 24);
+            let mla = match dim(&["kv_lora_rank"])? {
                 Some(kv_lora_rank) => Some(Mla {
-                    q_lora_rank: get(&["q_lora_rank"])?,
+                    q_lora_rank: dim(&["q_lora_rank"])?,
                     kv_lora_rank,
-                    qk_nope_head_dim: get(&["qk_nope_head_dim"])?.unwrap_or(head_dim),
-                    qk_rope_head_dim: get(&["qk_rope_head_dim"])?.unwrap_or(0),
-                    v_head_dim: get(&["v_head_dim"])?.unwrap_or(head_dim),
+                    qk_nope_head_dim: dim(&["qk_nope_head_dim"])?.unwrap_or(head_dim),
+                    qk_rope_head_dim: dim(&["qk_rope_head_dim"])?.unwrap_or(0),
+                    v_head_dim: dim(&["v_head_dim"])?.unwrap_or(head_dim),
                 }),
                 None => None,
             };
@@ -480,7 +512,7 @@ pub fn load(flags: &ModelFlags) -> Result<Model, Error> {
                 tied_embeddings: tied,
                 gated_mlp: !gpt_style,
                 learned_positions: if LEARNED_POSITIONS.contains(&mt) {
-                    get(&["n_positions", "max_position_embeddings"])?
+                    bounded(get(&["n_positions", "max_position_embeddings"])?, "positions", 1 << 32)?
                 } else {
                     None
                 },
@@ -532,6 +564,9 @@ pub fn load(flags: &ModelFlags) -> Result<Model, Error> {
     if parameters == 0 {
         return Err(Error::Usage("--params must be positive".into()));
     }
+    if parameters > 1 << 50 {
+        return Err(bad(format!("{parameters} parameters is more than any model has (at most 2^50)")));
+    }
     if let (Some(p), Some(c)) = (flags.params, counted) {
         let off = (p as f64 - c as f64).abs() / c as f64;
         if off > 0.02 {
@@ -547,7 +582,7 @@ pub fn load(flags: &ModelFlags) -> Result<Model, Error> {
     let torch_dtype = text("torch_dtype").or_else(|| text("dtype")).and_then(|s| Dtype::parse(&s));
     let sliding_window = match c.and_then(|c| c.get("use_sliding_window")).and_then(Value::as_bool) {
         Some(false) => None,
-        _ => get(&["sliding_window"])?,
+        _ => bounded(get(&["sliding_window"])?, "sliding window", 1 << 32)?,
     };
     let name = text("_name_or_path")
         .filter(|s| !s.is_empty())
@@ -569,7 +604,7 @@ pub fn load(flags: &ModelFlags) -> Result<Model, Error> {
         shape,
         parameters,
         torch_dtype,
-        max_position_embeddings: get(&["max_position_embeddings", "n_positions"])?,
+        max_position_embeddings: bounded(get(&["max_position_embeddings", "n_positions"])?, "positions", 1 << 32)?,
         sliding_window,
         notes,
     })
@@ -604,7 +639,13 @@ fn known_type(mt: &str) -> bool {
 fn read_config(path: &Path) -> Result<Map<String, Value>, Error> {
     let p = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: p.clone(), source })?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| Error::Input {
+    parse_config(&p, &text)
+}
+
+/// [`read_config`] of a config.json's text; `p` names it in errors.
+pub fn parse_config(p: &str, text: &str) -> Result<Map<String, Value>, Error> {
+    let p = p.to_string();
+    let v: Value = serde_json::from_str(text).map_err(|e| Error::Input {
         path: p.clone(),
         message: format!("expected a Hugging Face config.json (JSON): {e}"),
     })?;

@@ -163,6 +163,21 @@ impl Run {
         if self.gpus == 0 || self.tensor_parallel == 0 || self.pipeline_parallel == 0 {
             return Err("--gpus, --tp and --pp must be at least 1".into());
         }
+        // Beyond these no run exists, and the budget's products (s·b·h·a·s…) must stay inside 128 bits.
+        for (flag, v, max) in [
+            ("--batch", self.batch.unwrap_or(1), 1u64 << 24),
+            ("--seq", self.seq.unwrap_or(1), 1 << 24),
+            ("--gpus", self.gpus, 1 << 24),
+            ("--tp", self.tensor_parallel, 1 << 24),
+            ("--pp", self.pipeline_parallel, 1 << 24),
+            ("--block-size", self.block_size, 1 << 20),
+            ("--max-batched-tokens", self.max_batched_tokens, 1 << 32),
+            ("--lora/--qlora rank", self.lora.map_or(1, |l| l.rank), 1 << 20),
+        ] {
+            if v > max {
+                return Err(format!("{flag} {v} is larger than any run's (at most {max})"));
+            }
+        }
         if !self.gpus.is_multiple_of(self.tensor_parallel * self.pipeline_parallel) {
             return Err(format!(
                 "--gpus {} is not a multiple of --tp {} × --pp {}",

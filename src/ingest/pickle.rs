@@ -1086,14 +1086,15 @@ impl<B: Builder> Machine<'_, B> {
                     self.stack.push(t);
                 }
                 b'l' | 0x91 => {
+                    // The new container goes below its items, where the MARK was: the items are `stack[at + 1..]`.
                     let at = self.pop_mark(off, "LIST")?;
-                    self.stack.push(Value::PendingList(NO_SLOT));
-                    self.extend_list(at, self.stack.len() - 1, off)?;
+                    self.stack.insert(at, Value::PendingList(NO_SLOT));
+                    self.extend_list(at + 1, at, off)?;
                 }
                 b'd' => {
                     let at = self.pop_mark(off, "DICT")?;
-                    self.stack.push(Value::PendingDict(NO_SLOT));
-                    self.extend_dict(at, self.stack.len() - 1, off)?;
+                    self.stack.insert(at, Value::PendingDict(NO_SLOT));
+                    self.extend_dict(at + 1, at, off)?;
                 }
                 b'a' => {
                     if self.stack.len() < 2 {
