@@ -69,6 +69,47 @@ fn zero3_on_8_gpus_is_14_gb_per_gpu() {
     assert_eq!(model_states(&plan("--params 7e9 --train --fsdp --gpus 8")), 14_000_000_000);
 }
 
+/// What a person knows — "7B, AdamW, mixed precision" — gives the model states whatever part of the shape comes with
+/// it (issue 22): none, the sheet's first example (layers, hidden, heads, KV heads), or layers alone.
+#[test]
+fn a_parameter_count_alone_or_with_part_of_the_shape_gives_the_model_states() {
+    let partial = [
+        "",
+        "--layers 32 --hidden 4096 --heads 32 --kv-heads 32 --batch 4 --seq 2048",
+        "--layers 32",
+        "--layers 32 --hidden 4096 --batch 4 --seq 2048",
+    ];
+    for shape in partial {
+        for (params, run, expected) in [
+            ("7e9", "--train --optimizer adamw", 112_000_000_000),
+            ("7b", "--train --optimizer adamw --zero 1 --gpus 8", 38_500_000_000),
+            ("7B", "--train --optimizer adamw --zero 3 --gpus 8", 14_000_000_000),
+        ] {
+            let b = plan(&format!("--params {params} {run} {shape}"));
+            assert_eq!(model_states(&b), expected, "--params {params} {run} {shape}");
+        }
+    }
+    // The sheet's first example: activations from layers and hidden size; the MLP width assumed and said so; the
+    // logits left out with the flag that adds them.
+    let b = plan("--params 7e9 --layers 32 --hidden 4096 --heads 32 --kv-heads 32 --train --batch 4 --seq 2048");
+    assert_eq!(item(&b, "activations"), 32 * 34 * 2048 * 4 * 4096);
+    assert!(b.items.iter().all(|i| i.name != "logits"));
+    assert!(b.notes.iter().any(|n| n.contains("--vocab adds them")), "{:?}", b.notes);
+    assert!(b.notes.iter().any(|n| n.contains("intermediate size of 11008")), "{:?}", b.notes);
+    // The count alone: model states, and a line saying which flags add the rest.
+    let b = plan("--params 7e9 --train");
+    assert!(b.notes.iter().any(|n| n.contains("--layers and --hidden add the activations")), "{:?}", b.notes);
+    // Exit 0 from the command line, each spelling.
+    for p in ["7b", "7B", "6.7e9", "70b", "1.3B"] {
+        let o = oomdoc(&["budget", "--params", p, "--layers", "32", "--hidden", "4096", "--train"]);
+        assert_eq!(o.status.code(), Some(0), "{p}: {}", stderr(&o));
+    }
+    // A shape without the vocabulary cannot be counted: --params is the way out, and the error says so.
+    let o = oomdoc(&["budget", "--layers", "32", "--hidden", "4096", "--heads", "32", "--train"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--vocab") && stderr(&o).contains("--params"), "{}", stderr(&o));
+}
+
 #[test]
 fn llama2_7b_kv_cache_4096_by_32_is_68_7_gb() {
     // 2 (K and V) · 32 layers · 32 KV heads · 128 dims · 4096 tokens · 32 sequences · 2 bytes.
@@ -389,13 +430,15 @@ fn usage_errors_exit_2() {
     for (args, phrase) in [
         (&["budget", "--params", "7e9"][..], "--train or --infer"),
         (&["budget", "--train"][..], "say which model"),
-        (&["budget", "--config", LLAMA2_7B, "--train"][..], "--batch"),
+        (&["budget", "--config", LLAMA2_7B, "--train", "--gpu", "h100-80gb"][..], "--batch"),
         (&["budget", "--params", "7e9", "--train", "--gpu", "tpu-v5"][..], "unknown GPU"),
         (&["budget", "--params", "7e9", "--train", "--gpus", "6", "--tp", "4"][..], "not a multiple"),
         (&["budget", "--params", "7e9", "--train", "--offload", "params"][..], "--zero 3"),
         (&["budget", "--params", "7e9", "--train", "--dtype", "int4"][..], "--qlora"),
         (&["budget", "--params", "seven", "--train"][..], "expected a count"),
         (&["budget", "--layers", "32", "--train"][..], "missing --hidden"),
+        (&["budget", "--params", "7e9", "--train", "--layers", "1.5"][..], "whole number"),
+        (&["budget", "--params", "7e9", "--train", "--seq", "1e12"][..], "larger than any run"),
     ] {
         let o = oomdoc(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

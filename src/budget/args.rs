@@ -52,31 +52,31 @@ pub struct ModelArgs {
     #[arg(long, value_name = "N", value_parser = parse_count)]
     pub params: Option<u64>,
     /// Decoder layers (num_hidden_layers).
-    #[arg(long, value_name = "L")]
+    #[arg(long, value_name = "L", value_parser = parse_count)]
     pub layers: Option<u64>,
     /// Hidden size (hidden_size).
-    #[arg(long, value_name = "H")]
+    #[arg(long, value_name = "H", value_parser = parse_count)]
     pub hidden: Option<u64>,
     /// Attention heads (num_attention_heads).
-    #[arg(long, value_name = "A")]
+    #[arg(long, value_name = "A", value_parser = parse_count)]
     pub heads: Option<u64>,
     /// KV heads (num_key_value_heads; fewer than --heads is GQA). Default: --heads.
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", value_parser = parse_count)]
     pub kv_heads: Option<u64>,
     /// Dimensions per head. Default: hidden / heads.
-    #[arg(long, value_name = "D")]
+    #[arg(long, value_name = "D", value_parser = parse_count)]
     pub head_dim: Option<u64>,
     /// MLP intermediate size (intermediate_size).
-    #[arg(long, value_name = "I")]
+    #[arg(long, value_name = "I", value_parser = parse_count)]
     pub intermediate: Option<u64>,
     /// Vocabulary size (vocab_size).
-    #[arg(long, value_name = "V")]
+    #[arg(long, value_name = "V", value_parser = parse_count)]
     pub vocab: Option<u64>,
     /// MoE: experts per layer.
-    #[arg(long, value_name = "E")]
+    #[arg(long, value_name = "E", value_parser = parse_count)]
     pub experts: Option<u64>,
     /// MoE: experts each token is routed to.
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", value_parser = parse_count)]
     pub experts_per_token: Option<u64>,
     /// The LM head shares the embedding matrix (tie_word_embeddings). Default: the config's, else untied.
     #[arg(long)]
@@ -94,10 +94,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub infer: bool,
     /// Training: micro-batch per GPU. Serving: concurrent sequences (vLLM's max_num_seqs).
-    #[arg(long, value_name = "B")]
+    #[arg(long, value_name = "B", value_parser = parse_count)]
     pub batch: Option<u64>,
     /// Tokens per sequence (serving: prompt + output, vLLM's max_model_len).
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", value_parser = parse_count)]
     pub seq: Option<u64>,
     /// Weights and compute: bf16, fp16, fp32, fp8 (serving also int8, int4). Default: bf16 for training; for
     /// serving the config's torch_dtype if 16-bit, else bf16.
@@ -117,13 +117,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub fsdp: bool,
     /// GPUs in all (data parallel = gpus / (tp × pp)).
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_count)]
     pub gpus: u64,
     /// Tensor-parallel size (with sequence parallelism).
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_count)]
     pub tp: u64,
     /// Pipeline-parallel size.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_count)]
     pub pp: u64,
     /// Activation checkpointing: none, full (every layer), sqrt (segments of √L layers), every:K.
     #[arg(long, value_name = "HOW", default_value = "none", value_parser = Checkpointing::parse)]
@@ -132,10 +132,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "KIND", default_value = "flash", value_parser = ["flash", "sdpa", "eager"])]
     pub attention: String,
     /// LoRA of this rank on every linear layer (frozen base in --dtype).
-    #[arg(long, value_name = "R", conflicts_with = "qlora")]
+    #[arg(long, value_name = "R", conflicts_with = "qlora", value_parser = parse_count)]
     pub lora: Option<u64>,
     /// QLoRA: LoRA of this rank on a 4-bit NF4 base.
-    #[arg(long, value_name = "R")]
+    #[arg(long, value_name = "R", value_parser = parse_count)]
     pub qlora: Option<u64>,
     /// CPU offload: none, optimizer (ZeRO-Offload), params (ZeRO-Infinity / FSDP offload; needs --zero 3).
     #[arg(long, value_enum, default_value_t = Offload::None)]
@@ -144,13 +144,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "DTYPE", value_parser = parse_dtype)]
     pub kv_dtype: Option<Dtype>,
     /// Serving: PagedAttention block size in tokens.
-    #[arg(long, value_name = "TOKENS", default_value_t = 16)]
+    #[arg(long, value_name = "TOKENS", default_value_t = 16, value_parser = parse_count)]
     pub block_size: u64,
     /// Serving: the share of the GPU vLLM may use.
     #[arg(long, value_name = "FRACTION", default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
     /// Serving: tokens per forward pass (vLLM's max_num_batched_tokens, the chunked-prefill budget).
-    #[arg(long, value_name = "TOKENS", default_value_t = 8192)]
+    #[arg(long, value_name = "TOKENS", default_value_t = 8192, value_parser = parse_count)]
     pub max_batched_tokens: u64,
 }
 
@@ -197,7 +197,7 @@ pub struct BudgetArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Verdict")]
     pub gpu_memory: Option<u64>,
     /// The solver may propose up to this many GPUs in all. Default: --gpus (the hardware you have).
-    #[arg(long, value_name = "N", help_heading = "Verdict")]
+    #[arg(long, value_name = "N", help_heading = "Verdict", value_parser = parse_count)]
     pub max_gpus: Option<u64>,
     /// Output format.
     #[arg(long, short = 'f', value_enum, default_value_t = Format::Text)]
@@ -294,10 +294,17 @@ pub fn budget(args: &BudgetArgs) -> Result<Budget, Error> {
     }
     let model = model::load(&args.model.flags())?;
     let run = args.run.to_run(&model)?;
-    if model.shape.is_some() && (run.batch.is_none() || run.seq.is_none()) {
+    // Without the run's shape the sheet still gives the model states (and says what is missing), but a verdict
+    // against a GPU would leave out the activations or the KV cache: it needs them.
+    let verdict = args.gpu.is_some() || args.gpu_memory.is_some();
+    if verdict && model.shape.is_some() && (run.batch.is_none() || run.seq.is_none()) {
         return Err(Error::Usage(match run.mode {
-            Mode::Train => "give the run's shape: --batch (micro-batch per GPU) and --seq (tokens per sequence)".into(),
-            Mode::Infer => "give the run's shape: --batch (concurrent sequences) and --seq (max_model_len)".into(),
+            Mode::Train => {
+                "a verdict needs the run's shape: --batch (micro-batch per GPU) and --seq (tokens per sequence)".into()
+            }
+            Mode::Infer => {
+                "a verdict needs the run's shape: --batch (concurrent sequences) and --seq (max_model_len)".into()
+            }
         }));
     }
     let gpu = match (&args.gpu, args.gpu_memory) {
@@ -320,7 +327,8 @@ pub fn predict(args: &PredictArgs) -> Result<Option<Budget>, Error> {
     plan(model, run, None, 1).map(Some)
 }
 
-/// "7e9", "6.7B", "70b", "124M", "6738415616".
+/// "7e9", "6.7B", "70b", "1.3B", "124M", "32k", "6738415616": every count oomdoc takes (parameters, layers, batch,
+/// sequence length…) is written as people write it. A count must come out whole: "1.5" layers is refused.
 pub fn parse_count(s: &str) -> Result<u64, String> {
     let t = s.trim().replace('_', "");
     let (num, scale) = match t.chars().last().map(|c| c.to_ascii_lowercase()) {
@@ -331,8 +339,14 @@ pub fn parse_count(s: &str) -> Result<u64, String> {
         _ => (t.as_str(), 1.0),
     };
     match num.trim().parse::<f64>() {
-        Ok(n) if n > 0.0 && n.is_finite() => Ok((n * scale).round() as u64),
-        _ => Err(format!("{s:?}: expected a count such as 7e9, 6.7B or 124M")),
+        Ok(n) if n > 0.0 && n.is_finite() && n * scale < 1.8e19 => {
+            let v = n * scale;
+            if (v - v.round()).abs() > 1e-6 * v.max(1.0) {
+                return Err(format!("{s:?}: expected a whole number"));
+            }
+            Ok(v.round() as u64)
+        }
+        _ => Err(format!("{s:?}: expected a count such as 7e9, 6.7B, 70b or 124M")),
     }
 }
 
@@ -355,6 +369,11 @@ mod tests {
         assert_eq!(parse_count("6.7B").unwrap(), 6_700_000_000);
         assert_eq!(parse_count("124m").unwrap(), 124_000_000);
         assert!(parse_count("seven").is_err());
+        for (text, n) in [("7b", 7e9), ("7B", 7e9), ("6.7e9", 6.7e9), ("70b", 70e9), ("1.3B", 1.3e9), ("32k", 32e3)] {
+            assert_eq!(parse_count(text).unwrap(), n as u64, "{text}");
+        }
+        assert!(parse_count("1.5").is_err(), "a fraction is no count");
+        assert!(parse_count("1e30").is_err(), "beyond 64 bits");
         assert!(parse_count("-1").is_err());
         assert_eq!(parse_size("80GiB").unwrap(), 80 << 30);
         assert_eq!(parse_size("40GB").unwrap(), 40_000_000_000);

@@ -126,7 +126,7 @@ fn adafactor_bytes(shape: &Shape) -> u128 {
             + b.vectors as u128;
         n += per_block * b.count as u128;
     }
-    let emb = (shape.vocab + shape.hidden) as u128;
+    let emb = (shape.vocab.unwrap_or(0) + shape.hidden) as u128;
     n += emb * if shape.tied_embeddings { 1 } else { 2 } + shape.hidden as u128;
     n * 4
 }
@@ -360,8 +360,8 @@ fn local_bytes(bytes: u128, run: &Run) -> u128 {
 
 fn missing_for_activations(no_shape: bool) -> String {
     if no_shape {
-        "activations, logits and the KV cache are not estimated: give the model's shape (--config config.json, or \
-         --layers, --hidden, --heads, --intermediate, --vocab)"
+        "activations, logits and the KV cache are not estimated: --layers and --hidden add the activations (--heads \
+         for eager attention), --kv-heads the KV cache, --vocab the logits; or give --config config.json"
             .into()
     } else {
         "activations, logits and the KV cache are not estimated: give --batch and --seq".into()
@@ -434,7 +434,7 @@ fn activations(s: &Shape, b: u64, t: u64, run: &Run, e: &mut Estimate) {
         Some("activation"),
     );
 
-    let v = s.vocab as u128;
+    let Some(v) = s.vocab.map(u128::from) else { return };
     let abytes = act_bits / 8;
     let (per_elem, how) =
         if act_bits == 32 { (4 + 4, "4 + 4".to_string()) } else { (abytes + 4 + 4, format!("{abytes} + 4 + 4")) };
@@ -563,14 +563,15 @@ fn inference(model: &Model, run: &Run, e: &mut Estimate) -> Result<(), String> {
          (--max-batched-tokens); the MLP's intermediates dominate",
         Some("activation"),
     );
-    let v = s.vocab as u128;
-    e.push(
-        "logits",
-        b_ * v * (ab + 4) / tp,
-        format!("B · V · ({ab} + 4) = {b}·{v}·({ab} + 4)"),
-        "logits for the last position of each sequence and their fp32 copy for sampling",
-        Some("activation"),
-    );
+    if let Some(v) = s.vocab.map(u128::from) {
+        e.push(
+            "logits",
+            b_ * v * (ab + 4) / tp,
+            format!("B · V · ({ab} + 4) = {b}·{v}·({ab} + 4)"),
+            "logits for the last position of each sequence and their fp32 copy for sampling",
+            Some("activation"),
+        );
+    }
     if run.flash_attention {
         e.notes.push("vLLM's CUDA graphs take another 0.1–1 GiB (not counted; --enforce-eager removes them)".into());
     }

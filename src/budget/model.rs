@@ -142,7 +142,8 @@ pub struct Shape {
     pub kv_heads: u64,
     pub head_dim: u64,
     pub intermediate: u64,
-    pub vocab: u64,
+    /// Unknown when flags gave part of the shape with --params: the logits are then not estimated.
+    pub vocab: Option<u64>,
     pub tied_embeddings: bool,
     /// SwiGLU/GeGLU (gate, up, down) rather than a two-matrix MLP.
     pub gated_mlp: bool,
@@ -270,14 +271,14 @@ impl Shape {
     }
 
     pub fn embedding_params(&self) -> u64 {
-        self.vocab * self.hidden + self.learned_positions.unwrap_or(0) * self.hidden
+        self.vocab.unwrap_or(0) * self.hidden + self.learned_positions.unwrap_or(0) * self.hidden
     }
 
     pub fn head_params(&self) -> u64 {
         if self.tied_embeddings {
             0
         } else {
-            self.vocab * self.hidden
+            self.vocab.unwrap_or(0) * self.hidden
         }
     }
 
@@ -428,10 +429,33 @@ pub fn from_config(flags: &ModelFlags, cfg: Option<Map<String, Value>>) -> Resul
         None => None,
     };
 
+    // A config.json is the model's own description and must be whole. Flags may give part of the shape: what they
+    // leave out is either assumed (and said so) or its items are left out with the flag that would add them.
+    let whole = layers.is_some() && hidden.is_some() && heads.is_some() && intermediate.is_some() && vocab.is_some();
+    let partial_flags = cfg.is_none() && layers.is_some() && hidden.is_some();
     let shape = match (layers, hidden, heads, intermediate, vocab) {
-        (Some(layers), Some(hidden), Some(heads), Some(intermediate), Some(vocab)) => {
-            if layers == 0 || hidden == 0 || heads == 0 || vocab == 0 {
+        (Some(layers), Some(hidden), heads, intermediate, vocab) if whole || partial_flags => {
+            if layers == 0 || hidden == 0 || heads == Some(0) || vocab == Some(0) {
                 return Err(bad("layers, hidden size, heads and vocabulary must be positive".into()));
+            }
+            let heads = heads.unwrap_or_else(|| {
+                let h = (hidden / 128).max(1);
+                notes.push(format!(
+                    "assumed {h} attention heads (head dim 128, as most models since Llama have); --heads sets it"
+                ));
+                h
+            });
+            let intermediate = intermediate.unwrap_or_else(|| {
+                // Llama's rounding of 8/3·h up to a multiple of 256 (11008 for h = 4096).
+                let i = (8 * hidden / 3).div_ceil(256) * 256;
+                notes.push(format!(
+                    "assumed an MLP intermediate size of {i} (8/3·h rounded up to a multiple of 256, as Llama); \
+                     --intermediate sets it"
+                ));
+                i
+            });
+            if vocab.is_none() {
+                notes.push("logits are not estimated: --vocab adds them".into());
             }
             let kv_heads = flags.kv_heads.or(get(&["num_key_value_heads", "num_kv_heads"])?).unwrap_or(heads);
             let kv_heads = bounded(Some(kv_heads), "KV heads", 1 << 16)?.unwrap_or(heads);
@@ -522,6 +546,8 @@ pub fn from_config(flags: &ModelFlags, cfg: Option<Map<String, Value>>) -> Resul
             })
         }
         (None, None, None, None, None) => None,
+        // The items that need a shape say which flags would add them (`estimate`).
+        _ if cfg.is_none() && flags.params.is_some() => None,
         _ => {
             let mut missing = Vec::new();
             for (v, flag, key) in [
@@ -542,25 +568,32 @@ pub fn from_config(flags: &ModelFlags, cfg: Option<Map<String, Value>>) -> Resul
                 ))
             } else {
                 Error::Usage(format!(
-                    "the model's shape needs --layers, --hidden, --heads, --intermediate and --vocab; missing {}",
+                    "the model's shape needs --layers, --hidden, --heads, --intermediate and --vocab (or --params \
+                     with part of them); missing {}",
                     missing.join(", ")
                 ))
             });
         }
     };
 
-    let counted = shape.as_ref().map(Shape::parameters);
-    let parameters = match (flags.params, counted) {
-        (Some(p), _) => p,
-        (None, Some(c)) => c,
-        (None, None) => {
-            return Err(Error::Usage(
-                "say which model: --config config.json, or --params N (add --layers, --hidden, --heads, \
-                 --intermediate and --vocab for activations and the KV cache)"
+    // Without the vocabulary the embedding and the LM head cannot be counted.
+    let counted = shape.as_ref().filter(|s| s.vocab.is_some()).map(Shape::parameters);
+    let parameters =
+        match (flags.params, counted) {
+            (Some(p), _) => p,
+            (None, Some(c)) => c,
+            (None, None) if shape.is_some() => return Err(Error::Usage(
+                "counting the parameters needs --vocab (the embedding and LM head); or give the count with --params"
                     .into(),
-            ))
-        }
-    };
+            )),
+            (None, None) => {
+                return Err(Error::Usage(
+                    "say which model: --config config.json, or --params N (add --layers, --hidden, --heads, \
+                 --intermediate and --vocab for activations and the KV cache)"
+                        .into(),
+                ))
+            }
+        };
     if parameters == 0 {
         return Err(Error::Usage("--params must be positive".into()));
     }
