@@ -65,6 +65,19 @@ pub fn parse_size_arg(s: &str) -> Result<u64, String> {
     Ok((n * scale) as u64)
 }
 
+/// `part` as a whole percentage of `whole`: "42%", "<1%" for a sliver, "–" of nothing.
+pub fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "–".into();
+    }
+    let p = part as f64 * 100.0 / whole as f64;
+    if p > 0.0 && p < 1.0 {
+        "<1%".into()
+    } else {
+        format!("{p:.0}%")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -59,6 +59,10 @@ fn totals_match_the_simulator_on_every_generated_fixture() {
         }
         for want in rec["devices"].as_array().unwrap() {
             let dev = want["device"].as_u64().unwrap();
+            // A device the process never used (rank 3's snapshot lists devices 0–2 empty) has no report.
+            if want["trace_entries"] == 0 && want["end"]["segments"] == 0 {
+                continue;
+            }
             let find = |v: &Value| -> Value {
                 v["devices"].as_array().unwrap().iter().find(|d| d["device"] == dev).cloned().unwrap_or_else(|| {
                     panic!("{name}: device {dev} missing from the report");
@@ -105,9 +109,10 @@ const RULE_CASES: &[(&str, &[&str], &str)] = &[
     ("fragmentation-quiet-real-shortage.pickle", &[], "1.6 GiB request > all 1.1 GiB cached free: not fragmentation"),
     (
         "leaked-references-fire-oom.pickle",
-        &["leaked-references:error", "fragmentation:error"],
+        &["leaked-references:error", "fragmentation:warning"],
         "one output per step kept until the OOM; the kept outputs also pin the cache in 30 MiB pieces so the \
-         24 MiB gradient request fails with enough free bytes in the pool",
+         24 MiB gradient request fails with enough free bytes in the pool — the last straw, a warning beside the \
+         leak that explains 14× more memory",
     ),
     ("leaked-references-fire-no-oom.pickle", &["leaked-references:warning"], "12 updates, one more live each"),
     ("leaked-references-quiet-window.pickle", &[], "a bounded window of two kept outputs"),
@@ -132,7 +137,11 @@ const RULE_CASES: &[(&str, &[&str], &str)] = &[
         &["segment-churn:warning", "fragmentation:warning"],
         "the cache levels off at the window (KV rule silent); growing to it left the cache fragmented and flushed",
     ),
-    ("nccl-overhead-fire.pickle", &["nccl-overhead:warning"], "6 GiB outside PyTorch on a 40 GiB GPU, NCCL seen"),
+    (
+        "nccl-overhead-fire.pickle",
+        &["nccl-overhead:error"],
+        "6 GiB outside PyTorch on a 40 GiB GPU, NCCL seen: reserved + the request fit the GPU, the driver's free did not",
+    ),
     ("nccl-overhead-quiet.pickle", &[], "700 MiB outside PyTorch: the CUDA context"),
     ("compile-warmup-fire.pickle", &["compile-warmup:warning", "optimizer-state:info"], "3 GiB inductor workspace"),
     ("compile-warmup-fire-oom.pickle", &["compile-warmup:error"], "OOM inside compile_fx with compile_context 0/0"),
@@ -182,6 +191,7 @@ const NEEDS_MORE_THAN_A_SNAPSHOT: &[(&str, &str, &[&str])] = &[
             "predicted_vs_measured_on_a_real_snapshot",
         ],
     ),
+    ("device-imbalance", "tests/verdict.rs", &["class_1_one_gpu_full_of_activations_beside_two_that_are_not"]),
     (
         "kernel-bound",
         "tests/profile_findings.rs",

@@ -59,10 +59,13 @@ fn leaked_graphs_are_named_with_the_line_that_keeps_them() {
 #[test]
 fn memory_outside_pytorch_is_sized_from_the_oom_message() {
     // 20 GiB held by CuPy + the CUDA context + NCCL: the device ran out, not PyTorch's cap.
+    // PyTorch's reservation plus the 2 GiB request fit the 80 GB GPU; the driver's free memory did not: the memory
+    // outside PyTorch decided the OOM, by arithmetic.
     let v = analyze("nccl-nonpytorch");
-    assert_eq!(common::rules_fired(&v), ["nccl-overhead:warning"]);
+    assert_eq!(common::rules_fired(&v), ["nccl-overhead:error"]);
     let msg = v["findings"][0]["message"].as_str().unwrap();
-    assert!(msg.contains("21.2 GiB") && msg.contains("NCCL was active"), "{msg}");
+    assert!(msg.contains("21.2 GiB") && msg.contains("decided this OOM") && msg.contains("NCCL active"), "{msg}");
+    assert_eq!(v["devices"][0]["verdict"]["primary_rule"], "nccl-overhead");
     assert_eq!(oom(&v)["requested_bytes"], 2 * GIB);
 }
 

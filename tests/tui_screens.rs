@@ -2,7 +2,7 @@
 //! Review changes with `cargo insta review`.
 
 use oomdoc::analysis::{self, categories::Categorizer, Options};
-use oomdoc::rules::{sort_findings, RuleSet};
+use oomdoc::rules::RuleSet;
 use oomdoc::timeline::Timeline;
 use oomdoc::tui::app::{Action, Jump, Panel};
 use oomdoc::tui::{view, App};
@@ -14,11 +14,7 @@ fn load(path: &str) -> (Timeline, analysis::Analysis) {
     let tl = oomdoc::ingest::load(&root.join(path), false).unwrap();
     let cats = Categorizer::builtin();
     let mut a = analysis::analyze(&tl, &Options::default(), &cats).unwrap();
-    let rules = RuleSet::builtin();
-    for d in &a.devices {
-        a.findings.extend(rules.evaluate(Some(d.device), &d.facts));
-    }
-    sort_findings(&mut a.findings);
+    RuleSet::builtin().apply(&mut a);
     (tl, a)
 }
 
@@ -143,9 +139,9 @@ fn real_snapshot_with_findings_every_view() {
     actions(&mut app, &[Action::ToggleGroup, Action::NextPanel, Action::Select(3)]);
     insta::assert_snapshot!("real_findings_file_segments", screen(&app, 120, 36));
     actions(&mut app, &[Action::NextPanel]);
-    assert_eq!(app.findings.len(), 2);
+    assert_eq!(app.findings.len(), 1);
     insta::assert_snapshot!("real_findings_file_findings", screen(&app, 120, 36));
-    actions(&mut app, &[Action::Select(1), Action::Open]);
+    actions(&mut app, &[Action::Select(0), Action::Open]);
     assert_eq!(app.panel, Panel::Live);
     assert_eq!(app.cursor, app.device().unwrap().replay.peak_allocated.1, "a finding without an OOM goes to the peak");
 }

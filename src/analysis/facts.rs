@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
 
 use super::categories::{CategoryCache, CATEGORIES};
-use super::{user_chain, DeviceReport};
+use super::iterations::Iterations;
+use super::{culprit, user_chain, DeviceReport};
 use crate::rules::expr::Val;
 use crate::timeline::replay::Replay;
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
@@ -149,7 +150,7 @@ pub struct Context<'a> {
 /// computed while the replay runs on another core (see `analysis::analyze_device`).
 pub struct EventFacts {
     kinds: Vec<u8>,
-    steps: Vec<usize>,
+    iterations: Option<Iterations>,
     last_compile: Option<usize>,
     facts: Facts,
 }
@@ -183,20 +184,30 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
         kinds.contains(&comm) || dev.segments.iter().any(|s| cats.of(s.stack) == "communication"),
         "NCCL / c10d frames appear in the file",
     );
-    let mut steps = Vec::new();
+    let mut iterations = None;
     let last_compile = last_compile_event(tl, dev, &kinds);
     if !events.is_empty() {
         segment_facts(&mut f, events);
-        steps = optimizer_steps(events, &kinds);
+        let steps = optimizer_steps(events, &kinds);
         f.num(
-            "iter.count",
+            "optimizer.steps",
             steps.len() as f64,
             Unit::Count,
-            "optimizer steps seen (clusters of torch.optim allocations)",
+            "optimizer steps (clusters of torch.optim allocations)",
         );
         ddp_facts(&mut f, events, &kinds, &steps);
+        iterations = super::iterations::find(tl, events, &steps);
+        let n = iterations.as_ref().map_or(0, |it| it.ends.len());
+        f.num("iter.count", n as f64, Unit::Count, "iterations of the program's loop seen (see iter.source)");
+        if let Some(it) = &iterations {
+            f.text(
+                "iter.source",
+                it.source.words(),
+                "what marks the iterations: optimizer steps, snapshot markers, or repeating allocating stacks",
+            );
+        }
     }
-    EventFacts { kinds, steps, last_compile, facts: f }
+    EventFacts { kinds, iterations, last_compile, facts: f }
 }
 
 /// Computes every fact for one device, given those computed from its events alone.
@@ -261,6 +272,9 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: &EventFacts, leaks: i
             is_attention_frame(file, func)
         });
         f.flag("oom.attention", attention, "the failing request came from attention code");
+        if let (Some(req), Some(i)) = (o.requested_bytes, o.event_index) {
+            intermediate_facts(&mut f, cx, req, events[i as usize].stack, attention);
+        }
     }
     if let Some(p) = &r.peak {
         f.num("peak.allocated_bytes", p.allocated_bytes as f64, Unit::Bytes, "highest allocated bytes in the trace");
@@ -333,8 +347,8 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: &EventFacts, leaks: i
         return f;
     }
     let cx = &Ctx { cx, kinds: &ev.kinds };
-    iteration_peaks(&mut f, cx, &ev.steps);
-    kv_facts(&mut f, cx);
+    iteration_peaks(&mut f, cx, ev.iterations.as_ref().map_or(&[], |it| &it.ends));
+    kv_facts(&mut f, cx, ev.iterations.as_ref());
     compile_facts(&mut f, cx, ev.last_compile);
     leak_facts(&mut f, cx, leaks());
     f
@@ -359,6 +373,38 @@ impl<'a> std::ops::Deref for Ctx<'a> {
     }
 }
 
+/// The failing request and the live tensors of its kind: those allocated where it was (or, for attention, in
+/// attention code) and at least a quarter of its size — a second score tensor, the softmax's copy of the first.
+fn intermediate_facts(f: &mut Facts, cx: &Context, requested: u64, stack: StackId, attention: bool) {
+    let mut attn_cache: FxHashMap<StackId, bool> = FxHashMap::default();
+    let mut kin = |s: StackId| {
+        s == stack
+            || (attention
+                && s != EMPTY_STACK
+                && *attn_cache.entry(s).or_insert_with(|| stack_matches(cx.tl, s, is_attention_frame)))
+    };
+    let (mut bytes, mut count) = (0u64, 0u32);
+    for (_, _, b) in cx.state.allocated_blocks() {
+        if b.size >= requested / 4 && stack != EMPTY_STACK && kin(b.stack) {
+            bytes += b.size;
+            count += 1;
+        }
+    }
+    f.num(
+        "intermediate.live_bytes",
+        bytes as f64,
+        Unit::Bytes,
+        "live tensors of the failing request's kind (its line, or attention code), each at least a quarter its size",
+    );
+    f.num("intermediate.live_count", count as f64, Unit::Count, "how many such tensors were live");
+    f.num(
+        "intermediate.bytes",
+        (bytes + requested) as f64,
+        Unit::Bytes,
+        "the failing request plus the live tensors of its kind",
+    );
+}
+
 fn stack_matches(tl: &Timeline, stack: StackId, pred: fn(&str, &str) -> bool) -> bool {
     tl.stacks.stack(stack).iter().any(|&id| {
         let fr = tl.stacks.frame(id);
@@ -376,16 +422,27 @@ fn is_attention_frame(file: &str, name: &str) -> bool {
 
 fn segment_facts(f: &mut Facts, events: &[crate::timeline::Event]) {
     let (mut alloc, mut free, mut freed) = (0usize, 0usize, 0u64);
+    // A flush: segments given back (empty_cache, or the allocator freeing its cache to retry a cudaMalloc), then
+    // segments asked for again — the cache emptied and refilled once.
+    let (mut flushes, mut flushing) = (0usize, false);
     for e in events {
         match e.action {
-            Action::SegmentAlloc => alloc += 1,
-            Action::SegmentFree => {
-                free += 1;
+            Action::SegmentAlloc | Action::SegmentMap => {
+                alloc += usize::from(e.action == Action::SegmentAlloc);
+                if flushing {
+                    flushes += 1;
+                    flushing = false;
+                }
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                free += usize::from(e.action == Action::SegmentFree);
                 freed += e.size;
+                flushing = true;
             }
             _ => {}
         }
     }
+    f.num("segments.flushes", flushes as f64, Unit::Count, "times segments were given back and then asked for again");
     let (alloc, free) = (alloc as f64, free as f64);
     f.num("segments.alloc_events", alloc, Unit::Count, "cudaMalloc calls (segment_alloc) in the trace");
     f.num("segments.free_events", free, Unit::Count, "cudaFree calls (segment_free) in the trace");
@@ -544,11 +601,12 @@ pub fn leak_pass(dev: &DeviceTimeline, replay: &Replay, ev: &EventFacts, last: u
         return LeakPass { cycles: 0, intervals: None };
     }
     let cycles = allocation_cycles(&series[..=last.min(series.len() - 1)]);
-    // Growth means something only across repeated work: iterations at the optimizer's steps, or else a trace
-    // whose allocated memory visibly rises and falls again and again (one training step also accumulates
-    // gradients steadily — that is not a leak).
-    let (marks, per_iteration) = if ev.steps.len() >= 3 {
-        let mut m: Vec<usize> = ev.steps.iter().copied().filter(|&s| s <= last).collect();
+    // Growth means something only across repeated work: iterations of the loop (optimizer steps, snapshot
+    // markers, a repeating sequence of allocating stacks), or else a trace whose allocated memory visibly rises
+    // and falls again and again (one training step also accumulates gradients steadily — that is not a leak).
+    let ends = ev.iterations.as_ref().map_or(&[][..], |it| &it.ends[..]);
+    let (marks, per_iteration) = if ends.len() >= 3 {
+        let mut m: Vec<usize> = ends.iter().copied().filter(|&s| s <= last).collect();
         m.push(last);
         m.dedup();
         (m, true)
@@ -565,53 +623,86 @@ pub fn leak_pass(dev: &DeviceTimeline, replay: &Replay, ev: &EventFacts, last: u
     LeakPass { cycles, intervals: Some(Intervals { marks, per_iteration, snaps }) }
 }
 
-/// leaked-references: one stack whose live allocations keep accumulating across iterations.
+/// A stack whose live allocations accumulate from interval to interval.
+struct Accumulating {
+    stack: StackId,
+    growth: u64,
+    live_bytes: u64,
+    live_count: u32,
+    rising: f64,
+}
+
+/// A stack accumulates when its live count never fell from one interval's end to the next and rose in at least
+/// half of them since it first appeared; how steady is steady enough for a finding is the rule's to say
+/// (`leak.rising_fraction`).
+const ACCUMULATES_RISING: f64 = 0.5;
+
+/// leaked-references: the stacks whose live allocations keep accumulating across iterations, together (a kept
+/// autograd graph holds the activations of every layer: many lines, one leak).
 fn leak_facts(f: &mut Facts, cx: &Ctx, leaks: LeakPass) {
     f.num("trace.cycles", leaks.cycles as f64, Unit::Count, "rise-and-fall cycles of allocated memory (repeated work)");
     let Some(Intervals { marks, per_iteration, snaps }) = leaks.intervals else { return };
-    // Score each stack alive at the end: how steadily its live count rose from boundary to boundary.
     let end = snaps.last().expect("marks non-empty");
-    let mut best: Option<(StackId, f64, u64, u32, f64)> = None;
+    let mut acc: Vec<Accumulating> = Vec::new();
     for (&stack, &(end_bytes, end_count)) in end {
         let counts: Vec<u32> = snaps.iter().map(|s| s.get(&stack).map_or(0, |v| v.1)).collect();
-        let bytes_at: Vec<u64> = snaps.iter().map(|s| s.get(&stack).map_or(0, |v| v.0)).collect();
         let Some(first) = counts.iter().position(|&c| c > 0) else { continue };
-        let steps_seen = counts.len() - first - 1;
-        if steps_seen < 3 {
+        let seen = counts.len() - first - 1;
+        if seen < 3 || counts[first..].windows(2).any(|w| w[1] < w[0]) {
             continue;
         }
-        let rises = counts[first..].windows(2).filter(|w| w[1] > w[0]).count();
-        let falls = counts[first..].windows(2).filter(|w| w[1] < w[0]).count();
-        let rising = rises as f64 / steps_seen as f64;
-        if falls > 0 {
+        let rising = counts[first..].windows(2).filter(|w| w[1] > w[0]).count() as f64 / seen as f64;
+        let first_bytes = snaps[first].get(&stack).map_or(0, |v| v.0);
+        if rising < ACCUMULATES_RISING || end_bytes <= first_bytes {
             continue;
         }
-        let growth = (end_bytes as f64 - bytes_at[first] as f64) / steps_seen as f64;
-        if best.as_ref().is_none_or(|b| growth * rising > b.1 * b.4) {
-            best = Some((stack, growth, end_bytes, end_count, rising));
-        }
+        acc.push(Accumulating {
+            stack,
+            growth: end_bytes - first_bytes,
+            live_bytes: end_bytes,
+            live_count: end_count,
+            rising,
+        });
     }
-    if let Some((stack, growth, live_bytes, live_count, rising)) = best {
-        let doc_growth = if per_iteration {
-            "bytes the stack's live set grows per iteration (between optimizer steps)"
-        } else {
-            "bytes the stack's live set grows per sixteenth of the trace (no optimizer steps seen)"
-        };
-        f.num("leak.growth_per_interval_bytes", growth, Unit::Bytes, doc_growth);
-        f.num("leak.live_bytes", live_bytes as f64, Unit::Bytes, "live bytes of the accumulating stack at the moment");
-        f.num("leak.live_count", live_count as f64, Unit::Count, "its live allocations at the moment");
-        f.num("leak.rising_fraction", rising, Unit::Ratio, "share of intervals in which its live count rose");
-        f.num("leak.intervals", (marks.len() - 1) as f64, Unit::Count, "intervals observed");
-        f.flag("leak.per_iteration", per_iteration, "intervals are training iterations");
-        f.text("leak.where", user_chain(cx.tl, stack, 4), "the accumulating stack");
-        if cx.report.allocated_bytes > 0 {
-            f.num(
-                "leak.share",
-                live_bytes as f64 / cx.report.allocated_bytes as f64,
-                Unit::Ratio,
-                "its share of allocated bytes",
-            );
-        }
+    if acc.is_empty() {
+        return;
+    }
+    acc.sort_by(|a, b| b.growth.cmp(&a.growth).then(a.stack.cmp(&b.stack)));
+    let growth: u64 = acc.iter().map(|a| a.growth).sum();
+    let live_bytes: u64 = acc.iter().map(|a| a.live_bytes).sum();
+    let live_count: u32 = acc.iter().map(|a| a.live_count).sum();
+    let rising = acc.iter().map(|a| a.rising * a.growth as f64).sum::<f64>() / growth.max(1) as f64;
+    let intervals = marks.len() - 1;
+    let doc_growth = if per_iteration {
+        "bytes the accumulating stacks' live set grows per iteration"
+    } else {
+        "bytes the accumulating stacks' live set grows per sixteenth of the trace (no iterations found)"
+    };
+    f.num("leak.growth_bytes", growth as f64, Unit::Bytes, "bytes the accumulating stacks' live set grew in all");
+    f.num("leak.growth_per_interval_bytes", growth as f64 / intervals as f64, Unit::Bytes, doc_growth);
+    f.num("leak.live_bytes", live_bytes as f64, Unit::Bytes, "live bytes of the accumulating stacks at the moment");
+    f.num("leak.live_count", live_count as f64, Unit::Count, "their live allocations at the moment");
+    f.num("leak.stacks", acc.len() as f64, Unit::Count, "allocating stacks that accumulate");
+    f.num(
+        "leak.rising_fraction",
+        rising,
+        Unit::Ratio,
+        "share of intervals in which their live count rose (byte-weighted)",
+    );
+    f.num("leak.intervals", intervals as f64, Unit::Count, "intervals observed");
+    f.flag("leak.per_iteration", per_iteration, "intervals are iterations of the program's loop");
+    f.text("leak.where", user_chain(cx.tl, acc[0].stack, 4), "the stack that accumulates the most");
+    let stacks: Vec<StackId> = acc.iter().map(|a| a.stack).collect();
+    f.text("leak.sites", super::stacks::sites(cx.tl, &stacks, 4), "the lines that allocated what accumulates");
+    let caller = super::stacks::common_caller(cx.tl, &stacks).unwrap_or_else(|| culprit(cx.tl, acc[0].stack));
+    f.text("leak.caller", caller, "the innermost line of your code all accumulating allocations were made under");
+    if cx.report.allocated_bytes > 0 {
+        f.num(
+            "leak.share",
+            live_bytes as f64 / cx.report.allocated_bytes as f64,
+            Unit::Ratio,
+            "their share of allocated bytes",
+        );
     }
 }
 
@@ -693,8 +784,15 @@ fn ddp_facts(f: &mut Facts, events: &[crate::timeline::Event], kinds: &[u8], ste
     }
 }
 
-/// unbounded-kv-growth: KV-cache bytes that keep rising up to the moment, without a plateau.
-fn kv_facts(f: &mut Facts, cx: &Ctx) {
+/// Samples of the KV cache's live bytes up to the moment.
+const KV_SAMPLES: usize = 32;
+
+/// unbounded-kv-growth: KV-cache bytes that keep rising up to the moment, without a plateau. Growth is judged on
+/// the envelope — the highest live KV bytes so far at each sample — so a cache re-allocated one token longer each
+/// step (torch.cat: new, then the old freed) and a running batch that merges and retires requests (a sawtooth)
+/// still count as growth, while a cache allocated once (static, paged, preallocated) or one that levels off does
+/// not.
+fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
     let kv = kind_index("kv_cache");
     if !cx.kinds.contains(&kv) {
         return;
@@ -702,31 +800,59 @@ fn kv_facts(f: &mut Facts, cx: &Ctx) {
     // Up to the OOM if there is one; otherwise over the whole trace, so a cache that levelled off after the peak
     // allocated moment is seen to level off.
     let last = cx.report.oom.as_ref().and_then(|o| o.event_index).map_or(cx.dev.events.len() - 1, |i| i as usize);
-    let marks = even_marks(last, 16);
+    // At the ends of the decode steps when the loop is known: mid-step, a cache being rebuilt one token longer is
+    // briefly there twice (the new tensor before the old is freed), which an arbitrary sample would catch.
+    let ends: Vec<usize> = iterations.map_or(Vec::new(), |it| it.ends.iter().copied().filter(|&e| e <= last).collect());
+    let marks = if ends.len() >= 8 {
+        let mut m: Vec<usize> =
+            (1..=KV_SAMPLES.min(ends.len())).map(|k| ends[ends.len() * k / KV_SAMPLES.min(ends.len()) - 1]).collect();
+        m.dedup();
+        m
+    } else {
+        even_marks(last, KV_SAMPLES)
+    };
     let snaps = live_per_stack_at(&cx.dev.events, cx.kinds, &marks, &|k| k == kv);
     let series: Vec<u64> = snaps.iter().map(|s| s.values().map(|v| v.0).sum()).collect();
     let Some(first) = series.iter().position(|&b| b > 0) else { return };
     let tail = &series[first..];
     let now = *series.last().expect("marks non-empty");
+    let envelope: Vec<u64> = tail
+        .iter()
+        .scan(0u64, |m, &v| {
+            *m = (*m).max(v);
+            Some(*m)
+        })
+        .collect();
+    let max = *envelope.last().expect("non-empty");
     f.num("kv.live_bytes", now as f64, Unit::Bytes, "KV-cache bytes live at the moment");
     f.num("kv.first_bytes", tail[0] as f64, Unit::Bytes, "KV-cache bytes when first seen");
+    f.num("kv.max_bytes", max as f64, Unit::Bytes, "the most KV-cache bytes live at once, up to the moment");
+    f.num("kv.growth_bytes", now.saturating_sub(tail[0]) as f64, Unit::Bytes, "KV-cache bytes gained since first seen");
     if tail.len() >= 4 && tail[0] > 0 {
         // A rise is more than 1%: a cache that is reallocated at the same size (or with allocator rounding noise)
         // is not growing.
         let grew = |a: u64, b: u64| b > a + a / 100;
-        let rises = tail.windows(2).filter(|w| grew(w[0], w[1])).count();
-        f.num("kv.growth_ratio", now as f64 / tail[0] as f64, Unit::Plain, "KV bytes now ÷ when first seen");
+        let rises = envelope.windows(2).filter(|w| grew(w[0], w[1])).count();
+        f.num("kv.growth_ratio", max as f64 / tail[0] as f64, Unit::Plain, "most KV bytes at once ÷ when first seen");
         f.num(
             "kv.rising_fraction",
             rises as f64 / (tail.len() - 1) as f64,
             Unit::Ratio,
-            "share of samples where KV bytes rose",
+            "share of samples where the most KV bytes so far rose",
         );
-        // A plateau: no rise over the last quarter of the samples.
+        // A plateau: the envelope did not rise over the last quarter of the samples.
         let q = (tail.len() / 4).max(1);
-        let quarter = &tail[tail.len() - q - 1..];
-        let plateau = !grew(quarter[0], quarter.iter().copied().max().unwrap_or(0));
-        f.flag("kv.plateau", plateau, "KV bytes stopped rising over the last quarter of the trace");
+        let quarter = &envelope[envelope.len() - q - 1..];
+        f.flag("kv.plateau", !grew(quarter[0], max), "KV bytes stopped rising over the last quarter of the trace");
+        // Growth spread over the run, not one jump: in how many quarters of the samples the envelope rose.
+        let n = envelope.len() - 1;
+        let quarters = (0..4).filter(|&i| grew(envelope[n * i / 4], envelope[n * (i + 1) / 4])).count();
+        f.num(
+            "kv.rising_quarters",
+            quarters as f64,
+            Unit::Count,
+            "quarters of the samples in which the most KV bytes so far rose",
+        );
         f.num("kv.samples", tail.len() as f64, Unit::Count, "samples since the KV cache appeared");
     }
     if cx.report.allocated_bytes > 0 {

@@ -3,10 +3,12 @@
 
 pub mod categories;
 pub mod facts;
+pub mod iterations;
 pub mod observed;
 pub mod profile;
 pub mod serving;
 pub mod stacks;
+pub mod verdict;
 
 use std::collections::BTreeMap;
 
@@ -97,6 +99,9 @@ pub struct Analysis {
     pub findings: Vec<Finding>,
     /// Every OOM message found in the logs, in the order found (the last per GPU is also that device's `oom`).
     pub ooms: Vec<crate::timeline::OomMessage>,
+    /// GPUs only nvidia-smi saw beside a snapshot of another one (a node's other ranks), one line each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub other_gpus: Vec<observed::OtherGpu>,
     /// A serving engine's KV cache, from its log.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serving: Option<serving::ServingSummary>,
@@ -120,6 +125,9 @@ pub struct Finding {
     pub rule: String,
     pub severity: String,
     pub device: Option<i64>,
+    /// The memory this cause accounts for (a leak's growth, the memory outside PyTorch, the fragmented free
+    /// bytes, the tensor); null where no size applies. The verdict ranks causes by it.
+    pub bytes: Option<u64>,
     pub title: String,
     pub message: String,
     pub evidence: serde_json::Value,
@@ -163,6 +171,12 @@ pub struct DeviceReport {
     pub observed: Option<observed::ObservedMemory>,
     /// "snapshot" (allocator data) or "text" (only logs and nvidia-smi describe this GPU).
     pub source: &'static str,
+    /// The answer first: what filled this GPU and why (set once the rules have run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<verdict::Verdict>,
+    /// What holds the most memory at the moment: the largest category and where it was allocated.
+    #[serde(skip)]
+    pub holder: Option<verdict::Holder>,
     pub notes: Vec<String>,
     /// Every fact the rules may test (`oomdoc facts`).
     #[serde(skip)]
@@ -280,6 +294,10 @@ pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) ->
     }
     ids.sort_unstable();
     ids.dedup();
+    // Beside a snapshot, the GPUs an nvidia-smi log of the whole node also saw (other ranks' GPUs) are one line,
+    // not a report each: they have no allocator data and no OOM message.
+    let snapshot_gpus = tl.devices.iter().any(|d| d.has_allocator_data());
+    let mut other_gpus = Vec::new();
     for id in ids {
         if opts.device.is_some_and(|d| d != id) {
             continue;
@@ -287,6 +305,9 @@ pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) ->
         match tl.device(id) {
             Some(dev) if dev.has_allocator_data() => devices.push(analyze_device(tl, dev, opts, cats)?),
             Some(dev) if dev.memory_samples.is_empty() && dev.processes.is_empty() && dev.mig.is_empty() => {}
+            Some(dev) if snapshot_gpus && observed::last_oom_message(tl, id).is_none() => {
+                other_gpus.push(observed::other_gpu(dev));
+            }
             _ => devices.push(observed::text_only_report(tl, id)),
         }
     }
@@ -299,6 +320,7 @@ pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) ->
             ));
         }
     }
+    imbalance_facts(&mut devices);
     let profile_summary = profile::summarize(&tl.profile, opts.top);
     let mut job_facts = serving::facts(&tl.serving);
     if let Some(p) = &profile_summary {
@@ -314,6 +336,7 @@ pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) ->
         capture: tl.capture.clone(),
         findings: Vec::new(),
         ooms: tl.ooms.clone(),
+        other_gpus,
         serving: serving::summarize(&tl.serving),
         clock: tl.clock.clone(),
         profile: profile_summary,
@@ -369,13 +392,13 @@ fn analyze_device(
     let last_event = idx.map_or(events.len().saturating_sub(1), |i| i as usize);
     // The leak pass (the live set per stack at each iteration's end) needs the replay's series and nothing of the
     // report: run it beside the report and the other facts.
-    let (mut report, facts) = std::thread::scope(|s| {
+    let (mut report, facts, state) = std::thread::scope(|s| {
         let leaks = beside(s, || facts::leak_pass(dev, &replay, &event_facts, last_event));
         let (state, report) = device_report(tl, dev, opts, &replay, moment, idx, oom_count);
         let cx =
             facts::Context { tl, dev, replay: &replay, state: &state, report: &report, gpu_memory: opts.gpu_memory };
         let facts = facts::compute(&cx, &mut cache, &event_facts, leaks);
-        (report, facts)
+        (report, facts, state)
     });
     let mut by_category: Vec<CategoryBytes> = categories::CATEGORIES
         .iter()
@@ -393,7 +416,79 @@ fn analyze_device(
     by_category.sort_by_key(|c| std::cmp::Reverse(c.bytes));
     report.by_category = by_category;
     report.facts = facts;
+    report.holder = verdict::holder(tl, &report, &state, &mut cache);
     Ok(report)
+}
+
+/// When one process holds several GPUs, how each compares with the others: a GPU holding a multiple of what
+/// the others hold ran different work (a pipeline stage, a rank-0-only evaluation, an unbalanced split), and the
+/// stacks only it holds say which.
+fn imbalance_facts(devices: &mut [DeviceReport]) {
+    let held: Vec<(usize, u64)> = devices
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.source == "snapshot")
+        .map(|(i, d)| (i, d.allocated_bytes))
+        .collect();
+    if held.len() < 2 {
+        return;
+    }
+    for &(i, bytes) in &held {
+        let mut others: Vec<u64> = held.iter().filter(|(j, _)| *j != i).map(|(_, b)| *b).collect();
+        others.sort_unstable();
+        let median = others[others.len() / 2];
+        let max_other = *others.last().expect("at least one other");
+        let theirs: Vec<&str> = held
+            .iter()
+            .filter(|(j, _)| *j != i)
+            .flat_map(|(j, _)| devices[*j].by_stack.iter().map(|g| g.callers.as_str()))
+            .collect();
+        let own: Vec<String> = devices[i]
+            .by_stack
+            .iter()
+            .filter(|g| !theirs.contains(&g.callers.as_str()))
+            .take(3)
+            .map(|g| format!("{} ({})", g.callers, crate::units::bytes(g.bytes)))
+            .collect();
+        let f = &mut devices[i].facts;
+        f.num(
+            "imbalance.ratio",
+            bytes as f64 / median.max(1) as f64,
+            facts::Unit::Plain,
+            "allocated ÷ the median of the other GPUs",
+        );
+        f.num(
+            "imbalance.others_bytes",
+            median as f64,
+            facts::Unit::Bytes,
+            "the median the other GPUs held at their moments",
+        );
+        f.num(
+            "imbalance.excess_bytes",
+            bytes.saturating_sub(max_other) as f64,
+            facts::Unit::Bytes,
+            "allocated beyond what the fullest other GPU held",
+        );
+        f.num("imbalance.gpus", held.len() as f64, facts::Unit::Count, "GPUs with allocator data in this file");
+        f.text(
+            "imbalance.stacks",
+            if own.is_empty() { "the same stacks as the others".to_string() } else { own.join("; ") },
+            "the largest stacks this GPU holds that the others do not",
+        );
+    }
+}
+
+/// Most important first: errors before warnings before info, then by device, then by the memory they explain,
+/// then in rule order.
+pub fn sort_findings(findings: &mut [Finding]) {
+    let rank = |s: &str| match s {
+        "error" => 2,
+        "warning" => 1,
+        _ => 0,
+    };
+    findings.sort_by(|a, b| {
+        rank(&b.severity).cmp(&rank(&a.severity)).then(a.device.cmp(&b.device)).then(b.bytes.cmp(&a.bytes))
+    });
 }
 
 /// Starts `work` on another thread of `scope` and returns what waits for its result. Where no thread can be started
@@ -581,6 +676,8 @@ fn device_report(
         budget: None,
         observed: None,
         source: "snapshot",
+        verdict: None,
+        holder: None,
         notes,
         facts: facts::Facts::default(),
     };

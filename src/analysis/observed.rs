@@ -8,6 +8,10 @@ use super::{DeviceReport, OomReport, Totals, TraceReport};
 use crate::timeline::replay::Replay;
 use crate::timeline::{DeviceTimeline, GpuProcess, OomMessage, Timeline};
 
+/// What a CUDA context alone takes outside PyTorch with lazy module loading (CUDA ≥ 11.7: 300–600 MiB): unavoidable,
+/// so never the memory that decided an OOM.
+const BARE_CONTEXT: u64 = 512 << 20;
+
 /// nvidia-smi samples further than this from the moment do not describe it.
 const NEAREST_SAMPLE_US: i64 = 10_000_000;
 
@@ -120,6 +124,27 @@ pub fn summarize(dev: &DeviceTimeline, replay: Option<&Replay>, moment_us: Optio
     })
 }
 
+/// A GPU nvidia-smi saw that no snapshot or OOM message describes.
+#[derive(Debug, Serialize)]
+pub struct OtherGpu {
+    pub device: i64,
+    pub name: Option<String>,
+    pub total_bytes: Option<u64>,
+    pub max_used_bytes: Option<u64>,
+    pub samples: usize,
+}
+
+pub fn other_gpu(dev: &DeviceTimeline) -> OtherGpu {
+    let s = &dev.memory_samples;
+    OtherGpu {
+        device: dev.device,
+        name: dev.name.clone(),
+        total_bytes: s.iter().rev().find_map(|x| x.total.or_else(|| Some(x.used? + x.free?))),
+        max_used_bytes: s.iter().filter_map(|x| x.used).max(),
+        samples: s.len(),
+    }
+}
+
 /// The report of a GPU only text artifacts describe: its OOM message and what nvidia-smi saw.
 pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
     let empty = DeviceTimeline { device, ..Default::default() };
@@ -178,6 +203,8 @@ pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
         budget: None,
         observed,
         source: "text",
+        verdict: None,
+        holder: None,
         notes,
         facts: Facts::default(),
     };
@@ -248,8 +275,47 @@ pub fn outside_pytorch_facts(f: &mut Facts, r: &DeviceReport, gpu_memory: Option
             "the failing request as a share of what the process may use",
         );
     }
+    // What the process could hold when it failed: its cap, else what it had reserved plus what the driver still
+    // had free.
+    let free = r.oom.as_ref().and_then(|o| o.device_free_bytes);
+    if let Some(req) = requested {
+        let available = allowed.or(free.map(|f| r.reserved_bytes + f)).or(total);
+        if let Some(a) = available.filter(|&a| a > 0) {
+            f.num(
+                "oom.available_bytes",
+                a as f64,
+                Unit::Bytes,
+                "what the process could hold: its cap, else reserved + driver free",
+            );
+            f.num(
+                "oom.request_share_available",
+                req as f64 / a as f64,
+                Unit::Ratio,
+                "the failing request as a share of what the process could hold",
+            );
+        }
+    }
     let Some(total) = total else { return };
     f.num("gpu.total_bytes", total as f64, Unit::Bytes, total_doc);
+    // Memory outside PyTorch decided the OOM when PyTorch's own reservation plus the request would have fit the GPU
+    // beside a bare CUDA context, but the driver had less free than the request: without what else was held
+    // outside PyTorch (NCCL, other processes, other libraries), the request would have been granted.
+    if let (Some(req), Some(free)) = (requested, free) {
+        let capped = allowed.is_some_and(|a| a < total);
+        let decided = !capped && free < req && r.reserved_bytes + req + BARE_CONTEXT <= total;
+        f.flag(
+            "oom.outside_decided",
+            decided,
+            "reserved + request + a bare CUDA context (512 MiB) fit the GPU, but the driver had less free than the \
+             request: memory outside PyTorch decided the OOM",
+        );
+        f.num(
+            "oom.deficit_bytes",
+            req.saturating_sub(free) as f64,
+            Unit::Bytes,
+            "what the request lacked: request − driver free",
+        );
+    }
     let snapshot_free = r.oom.as_ref().filter(|o| o.source == "snapshot").and_then(|o| o.device_free_bytes);
     let (other, source) = if let Some(free) = snapshot_free {
         (

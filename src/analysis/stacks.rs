@@ -20,14 +20,18 @@ impl FrameView {
 
     /// `dir/file.py:line in function`, with the path cut to its last two parts.
     pub fn short(&self) -> String {
+        if self.line > 0 {
+            format!("{}:{} in {}", self.short_path(), self.line, self.name)
+        } else {
+            format!("{} in {}", self.short_path(), self.name)
+        }
+    }
+
+    /// The file's path cut to its last two parts: `dir/file.py`.
+    pub fn short_path(&self) -> String {
         let path = self.filename.replace('\\', "/");
         let parts: Vec<&str> = path.rsplit('/').take(2).collect();
-        let short: Vec<&str> = parts.into_iter().rev().collect();
-        if self.line > 0 {
-            format!("{}:{} in {}", short.join("/"), self.line, self.name)
-        } else {
-            format!("{} in {}", short.join("/"), self.name)
-        }
+        parts.into_iter().rev().collect::<Vec<_>>().join("/")
     }
 }
 
@@ -130,4 +134,74 @@ pub fn folded(tl: &Timeline, stack: StackId, max_lines: usize) -> Vec<(bool, Str
         out.push((true, format!("… {} more frames", frames.len() - i)));
     }
     out
+}
+
+/// The innermost frame of the user's own code (else the culprit's), as `(short file, line, function)`.
+fn site(tl: &Timeline, stack: StackId) -> Option<(String, i64, String)> {
+    let frames = stack_frames(tl, stack);
+    let f = frames.iter().find(|f| !f.library).or_else(|| frames.iter().find(|f| f.filename.ends_with(".py")))?;
+    Some((f.short_path(), f.line, f.name.clone()))
+}
+
+/// The lines that allocated from these stacks, grouped by file and function, at most `max` groups:
+/// `model.py:41, :43 and :47 in forward; train.py:90 in step`.
+pub fn sites(tl: &Timeline, stacks: &[StackId], max: usize) -> String {
+    let mut groups: Vec<((String, String), Vec<i64>)> = Vec::new();
+    for &s in stacks {
+        let Some((file, line, name)) = site(tl, s) else { continue };
+        match groups.iter_mut().find(|g| g.0 == (file.clone(), name.clone())) {
+            Some(g) if !g.1.contains(&line) => g.1.push(line),
+            Some(_) => {}
+            None => groups.push(((file, name), vec![line])),
+        }
+    }
+    if groups.is_empty() {
+        return "(no stack recorded)".into();
+    }
+    let more = groups.len().saturating_sub(max);
+    let mut parts: Vec<String> = groups
+        .into_iter()
+        .take(max)
+        .map(|((file, name), mut lines)| {
+            lines.sort_unstable();
+            let ls: Vec<String> = lines
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &l)| match (i, l > 0) {
+                    (0, true) => Some(format!("{file}:{l}")),
+                    (0, false) => Some(file.clone()),
+                    (_, true) => Some(format!(":{l}")),
+                    (_, false) => None,
+                })
+                .collect();
+            let joined = match ls.len() {
+                1 => ls[0].clone(),
+                n => format!("{} and {}", ls[..n - 1].join(", "), ls[n - 1]),
+            };
+            format!("{joined} in {name}")
+        })
+        .collect();
+    if more > 0 {
+        parts.push(format!("and {more} more"));
+    }
+    parts.join("; ")
+}
+
+/// The innermost line of the user's code that every one of these allocations was made under, other than the
+/// allocating line itself: the loop body that keeps calling them (`evaluate.py:77 in evaluate`).
+pub fn common_caller(tl: &Timeline, stacks: &[StackId]) -> Option<String> {
+    let chains: Vec<Vec<FrameView>> = stacks
+        .iter()
+        .map(|&s| stack_frames(tl, s).into_iter().filter(|f| !f.library).rev().collect::<Vec<_>>())
+        .filter(|c| !c.is_empty())
+        .collect();
+    let first = chains.first()?;
+    let same = |a: &FrameView, b: &FrameView| a.filename == b.filename && a.line == b.line && a.name == b.name;
+    let mut n = first.len();
+    for c in &chains[1..] {
+        n = n.min(c.iter().zip(first).take_while(|(a, b)| same(a, b)).count());
+    }
+    // The common part must stop short of each chain's own allocating line.
+    n = chains.iter().fold(n, |n, c| n.min(c.len() - 1));
+    (n > 0).then(|| first[n - 1].short())
 }

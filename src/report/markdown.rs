@@ -53,13 +53,25 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
         profile_section(&mut o, a);
         return o;
     }
+    if a.devices.iter().any(|d| d.verdict.is_some()) {
+        let _ = writeln!(o, "### Verdict\n");
+        for d in &a.devices {
+            let Some(v) = &d.verdict else { continue };
+            let _ = writeln!(o, "**GPU {}**: {}\n", d.device, esc(&v.summary));
+            for line in sections::verdict_detail(d) {
+                let _ = writeln!(o, "- {}", esc(&line));
+            }
+            let _ = writeln!(o);
+        }
+    }
     if !a.findings.is_empty() {
         let _ = writeln!(o, "### Findings\n");
         for f in &a.findings {
             let gpu = f.device.map_or(String::new(), |d| format!("GPU {d}: "));
+            let explains = f.bytes.map_or(String::new(), |b| format!(", explains {}", bytes(b)));
             let _ = writeln!(
                 o,
-                "- **{}** — {gpu}{} (`{}`)  \n  {}  \n  **Fix:** {}",
+                "- **{}** — {gpu}{} (`{}`{explains})  \n  {}  \n  **Fix:** {}",
                 f.severity,
                 esc(&f.title),
                 f.rule,
@@ -96,6 +108,9 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
     }
     for d in &a.devices {
         device(&mut o, d, tl);
+    }
+    if let Some(line) = sections::other_gpus_line(&a.other_gpus) {
+        let _ = writeln!(o, "\n{}", esc(&line));
     }
     profile_section(&mut o, a);
     o

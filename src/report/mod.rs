@@ -42,17 +42,7 @@ pub(crate) fn stream_name(stream: u64) -> String {
     }
 }
 
-pub(crate) fn percent(part: u64, whole: u64) -> String {
-    if whole == 0 {
-        return "–".into();
-    }
-    let p = part as f64 * 100.0 / whole as f64;
-    if p > 0.0 && p < 1.0 {
-        "<1%".into()
-    } else {
-        format!("{p:.0}%")
-    }
-}
+pub(crate) use crate::units::percent;
 
 /// Where in the trace a moment is: "event 1234, 12.3 s into the trace".
 pub(crate) fn when(event: Option<u32>, time_us: Option<i64>, first_time_us: Option<i64>) -> String {

@@ -417,3 +417,95 @@ pub fn profile_lines(p: &ProfileSummary) -> Vec<String> {
     }
     out
 }
+
+/// A GPU's verdict beyond its summary: the figures of the failure, what filled it, the causes by the memory they
+/// explain, and the remedies when no rule names a cause. Plain lines; each renderer dresses them.
+pub fn verdict_detail(d: &DeviceReport) -> Vec<String> {
+    let Some(v) = &d.verdict else { return Vec::new() };
+    let mut out = Vec::new();
+    if let Some(a) = &v.arithmetic {
+        let mut parts = vec![format!("asked {}", opt_bytes(a.requested_bytes))];
+        if let Some(f) = a.device_free_bytes {
+            parts.push(format!("driver free {}", bytes(f)));
+        }
+        if let Some(c) = a.capacity_bytes {
+            parts.push(format!("GPU {}", bytes(c)));
+        }
+        if a.reserved_bytes > 0 || a.allocated_bytes > 0 {
+            parts.push(format!(
+                "PyTorch reserved {} (allocated {})",
+                bytes(a.reserved_bytes),
+                bytes(a.allocated_bytes)
+            ));
+        }
+        if let (Some(f), Some(l)) = (a.cached_free_bytes, a.largest_free_block_bytes) {
+            parts.push(format!("cached free in the pool {} (largest block {})", bytes(f), bytes(l)));
+        }
+        if let Some(x) = a.outside_pytorch_bytes {
+            parts.push(format!("outside PyTorch {}", bytes(x)));
+        }
+        out.push(format!("the arithmetic: {}", parts.join(" · ")));
+    }
+    if !d.by_category.is_empty() && d.allocated_bytes > 0 {
+        let parts: Vec<String> = d
+            .by_category
+            .iter()
+            .take(4)
+            .map(|c| format!("{} {}", c.category.replace('_', " "), percent(c.bytes, d.allocated_bytes)))
+            .collect();
+        out.push(format!("what filled it: {}", parts.join(", ")));
+    }
+    if !v.causes.is_empty() {
+        let parts: Vec<String> = v
+            .causes
+            .iter()
+            .map(|c| format!("{} {} ({})", c.rule, c.bytes.map_or("–".into(), bytes), c.severity))
+            .collect();
+        out.push(format!("causes, by the memory they explain: {}", parts.join(" · ")));
+    }
+    if let Some(h) = &v.holder {
+        for r in v.remedies.iter().skip(1) {
+            out.push(format!("also for {}: {r}", crate::analysis::verdict::category_words(h.category, &h.stack)));
+        }
+    }
+    out
+}
+
+/// One line for the GPUs only nvidia-smi saw beside a snapshot: `nvidia-smi also saw GPUs 0–4 and 6 (…)`.
+pub fn other_gpus_line(others: &[crate::analysis::observed::OtherGpu]) -> Option<String> {
+    if others.is_empty() {
+        return None;
+    }
+    let mut ids: Vec<i64> = others.iter().map(|o| o.device).collect();
+    ids.sort_unstable();
+    let mut runs: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        runs.push(if j > i { format!("{}–{}", ids[i], ids[j]) } else { ids[i].to_string() });
+        i = j + 1;
+    }
+    let names: std::collections::BTreeSet<&str> = others.iter().filter_map(|o| o.name.as_deref()).collect();
+    let max_used = others.iter().filter_map(|o| o.max_used_bytes).max();
+    let total = others.iter().filter_map(|o| o.total_bytes).max();
+    let mut detail = Vec::new();
+    if !names.is_empty() {
+        detail.push(names.into_iter().collect::<Vec<_>>().join(", "));
+    }
+    if let Some(u) = max_used {
+        detail.push(format!(
+            "highest used {}{}",
+            bytes(u),
+            total.map_or(String::new(), |t| format!(" of {}", bytes(t)))
+        ));
+    }
+    Some(format!(
+        "nvidia-smi also saw GPU{} {}{}",
+        if ids.len() == 1 { "" } else { "s" },
+        runs.join(", "),
+        if detail.is_empty() { String::new() } else { format!(" ({})", detail.join("; ")) }
+    ))
+}

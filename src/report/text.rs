@@ -55,6 +55,17 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
     if a.devices.is_empty() && a.serving.is_none() && a.profile.is_none() {
         let _ = writeln!(o, "\nNo GPU memory in these files: no segments, no trace events, no OOM message.");
     }
+    let verdicts: Vec<&DeviceReport> = a.devices.iter().filter(|d| d.verdict.is_some()).collect();
+    if !verdicts.is_empty() {
+        let _ = writeln!(o, "\n{}", st.bold("Verdict"));
+        for d in verdicts {
+            let v = d.verdict.as_ref().expect("filtered");
+            let _ = writeln!(o, "  {}", v.summary);
+            for line in sections::verdict_detail(d) {
+                let _ = writeln!(o, "    {}", st.dim(&line));
+            }
+        }
+    }
     if !a.findings.is_empty() {
         let _ = writeln!(o);
         for f in &a.findings {
@@ -64,15 +75,22 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
                 other => st.cyan(other),
             };
             let gpu = f.device.map_or(String::new(), |d| format!("GPU {d}: "));
-            let _ = writeln!(o, "{sev} {} {}", st.bold(&format!("{gpu}{}", f.title)), st.dim(&format!("[{}]", f.rule)));
+            let explains = f.bytes.map_or(String::new(), |b| format!(" explains {}", bytes(b)));
+            let _ = writeln!(
+                o,
+                "{sev} {} {}",
+                st.bold(&format!("{gpu}{}", f.title)),
+                st.dim(&format!("[{}]{explains}", f.rule))
+            );
             let _ = writeln!(o, "  {}", f.message);
             let _ = writeln!(o, "  {} {}", st.bold("fix:"), f.fix);
         }
-    } else if !a.devices.is_empty() {
-        let _ = writeln!(o, "\n{}", st.dim("No rule found a cause (see `oomdoc rules`); the state is below."));
     }
     for d in &a.devices {
         device(&mut o, d, tl, &st);
+    }
+    if let Some(line) = sections::other_gpus_line(&a.other_gpus) {
+        let _ = writeln!(o, "\n{}", st.dim(&line));
     }
     if let Some(s) = &a.serving {
         let _ = writeln!(o, "\n{}  {}", st.bold("Serving engine (vLLM)"), st.dim(&s.sources.join(", ")));

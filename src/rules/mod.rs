@@ -54,6 +54,9 @@ pub struct Case {
     pub label: Option<String>,
     /// Rules with `each`: how one item reads in the finding's `{group.list}`.
     pub item: Option<String>,
+    /// The memory this cause accounts for (`bytes = "leak.growth_bytes"`), by which the verdict ranks causes;
+    /// none where no size applies (churn, kernel limits).
+    pub bytes: Option<Expr>,
 }
 
 #[derive(Clone, Debug)]
@@ -110,6 +113,8 @@ struct RawRule {
     fix: Option<String>,
     #[serde(default)]
     evidence: Vec<String>,
+    #[serde(default)]
+    bytes: Option<toml::Spanned<String>>,
     #[serde(default, rename = "case")]
     cases: Vec<RawCase>,
     #[serde(default)]
@@ -131,10 +136,18 @@ struct RawCase {
     label: Option<String>,
     #[serde(default)]
     item: Option<String>,
+    #[serde(default)]
+    bytes: Option<toml::Spanned<String>>,
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
+    // An offset inside an expression counts the string's characters after TOML unescaping, so it may not land on
+    // a character boundary of the file: round down to one.
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
     let line = before.matches('\n').count() + 1;
     let col = before.rfind('\n').map_or(before.chars().count(), |nl| before[nl + 1..].chars().count()) + 1;
     (line, col)
@@ -142,13 +155,14 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 
 /// Where the text of a TOML string value starts, given the span of its literal.
 fn content_start(text: &str, span_start: usize) -> usize {
-    let lit = &text[span_start..];
+    let Some(lit) = text.get(span_start..) else { return span_start };
     if lit.starts_with("\"\"\"") || lit.starts_with("'''") {
         let after = span_start + 3;
         // A newline right after the opening quotes is not part of the string.
-        if text[after..].starts_with('\n') {
+        let rest = text.get(after..).unwrap_or("");
+        if rest.starts_with('\n') {
             after + 1
-        } else if text[after..].starts_with("\r\n") {
+        } else if rest.starts_with("\r\n") {
             after + 2
         } else {
             after
@@ -168,11 +182,15 @@ pub fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
         let off = e.span().map_or(0, |s| s.start);
         err_at(off, e.message().trim().to_string())
     })?;
+    let parse_expr = |src: &toml::Spanned<String>| {
+        expr::parse(src.get_ref()).map_err(|e| err_at(content_start(text, src.span().start) + e.offset, e.expected))
+    };
     let parse_case = |severity: &toml::Spanned<String>,
                       when: &toml::Spanned<String>,
                       message: String,
                       fix: String,
-                      evidence: Vec<String>|
+                      evidence: Vec<String>,
+                      bytes: Option<&toml::Spanned<String>>|
      -> Result<Case, RuleError> {
         let sev = Severity::parse(severity.get_ref()).ok_or_else(|| {
             err_at(
@@ -180,25 +198,36 @@ pub fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
                 format!("expected severity \"error\", \"warning\" or \"info\", found {:?}", severity.get_ref()),
             )
         })?;
-        let src = when.get_ref();
-        let expr =
-            expr::parse(src).map_err(|e| err_at(content_start(text, when.span().start) + e.offset, e.expected))?;
+        let expr = parse_expr(when)?;
+        let bytes = bytes.map(parse_expr).transpose()?;
         check_template(&message).map_err(|m| err_at(0, format!("message: {m}")))?;
         check_template(&fix).map_err(|m| err_at(0, format!("fix: {m}")))?;
-        Ok(Case { severity: sev, when: expr, when_src: src.clone(), message, fix, evidence, label: None, item: None })
+        Ok(Case {
+            severity: sev,
+            when: expr,
+            when_src: when.get_ref().clone(),
+            message,
+            fix,
+            evidence,
+            label: None,
+            item: None,
+            bytes,
+        })
     };
     let mut cases = Vec::new();
     match (&raw.severity, &raw.when) {
         (Some(sev), Some(when)) => {
             let message = raw.message.clone().ok_or_else(|| err_at(0, "missing 'message'".into()))?;
             let fix = raw.fix.clone().ok_or_else(|| err_at(0, "missing 'fix'".into()))?;
-            cases.push(parse_case(sev, when, message, fix, raw.evidence.clone())?);
+            cases.push(parse_case(sev, when, message, fix, raw.evidence.clone(), raw.bytes.as_ref())?);
         }
         (None, None) => {}
         _ => return Err(err_at(0, "a rule needs both 'severity' and 'when' (or [[case]] tables)".into())),
     }
     for c in raw.cases {
-        let mut case = parse_case(&c.severity, &c.when, c.message, c.fix, c.evidence)?;
+        // A case's own `bytes`, else the rule's.
+        let bytes = c.bytes.as_ref().or(raw.bytes.as_ref());
+        let mut case = parse_case(&c.severity, &c.when, c.message, c.fix, c.evidence, bytes)?;
         if let Some(item) = &c.item {
             check_template(item).map_err(|m| err_at(0, format!("item: {m}")))?;
         }
@@ -337,6 +366,7 @@ impl RuleSet {
                 rule: rule.id.clone(),
                 severity: case.severity.name().to_string(),
                 device,
+                bytes: explained_bytes(case, &lookup),
                 title: rule.title.clone(),
                 message: render_template(&case.message, facts),
                 evidence: serde_json::to_value(evidence).expect("json"),
@@ -419,10 +449,13 @@ impl RuleSet {
                         serde_json::to_value(m).expect("json")
                     })
                     .collect();
+                let lookup = |n: &str| facts.get(n).map_or(Val::Missing, |f| f.value.clone());
+                let bytes = explained_bytes(case, &lookup);
                 out.findings.push(Finding {
                     rule: rule.id.clone(),
                     severity: case.severity.name().to_string(),
                     device: None,
+                    bytes,
                     title: match &case.label {
                         Some(l) => format!("{} — {l}", rule.title),
                         None => rule.title.clone(),
@@ -455,7 +488,15 @@ impl RuleSet {
         if let Some(p) = &mut a.profile {
             p.set_ncu_classes(&kernels.labels);
         }
-        sort_findings(&mut a.findings);
+        crate::analysis::verdict::attach(a);
+    }
+}
+
+/// What a case's `bytes` expression gives: a size in bytes, or none where it is missing or not a size.
+fn explained_bytes(case: &Case, lookup: &dyn Fn(&str) -> Val) -> Option<u64> {
+    match expr::eval(case.bytes.as_ref()?, lookup) {
+        Val::Num(n) if n.is_finite() && n >= 0.0 => Some(n.min(u64::MAX as f64) as u64),
+        _ => None,
     }
 }
 
@@ -468,11 +509,7 @@ fn with_job(item: &Facts, job: &Facts) -> Facts {
     f
 }
 
-/// Most important first: errors before warnings before info, then by device, then by rule order.
-pub fn sort_findings(findings: &mut [Finding]) {
-    let rank = |s: &str| Severity::parse(s).map_or(0, |s| s as u8);
-    findings.sort_by(|a, b| rank(&b.severity).cmp(&rank(&a.severity)).then(a.device.cmp(&b.device)));
-}
+pub use crate::analysis::sort_findings;
 
 /// The built-in category patterns (`rules/categories.toml`).
 pub fn builtin_categories() -> &'static str {

@@ -81,6 +81,8 @@ pub struct App<'t> {
     pub tl: &'t Timeline,
     pub title: String,
     pub findings: Vec<Finding>,
+    /// Each GPU's verdict summary (the report's first words), by device.
+    pub verdicts: Vec<(i64, String)>,
     /// The report's profiler section, one line each (empty without profiler exports).
     pub profile_lines: Vec<String>,
     /// Nsight Compute launches, the longest first, with the class the `kernel-bound` rule gave.
@@ -122,6 +124,11 @@ impl<'t> App<'t> {
             tl,
             title,
             findings: analysis.findings.clone(),
+            verdicts: analysis
+                .devices
+                .iter()
+                .filter_map(|d| Some((d.device, d.verdict.as_ref()?.summary.clone())))
+                .collect(),
             profile_lines: analysis.profile.as_ref().map(crate::report::sections::profile_lines).unwrap_or_default(),
             ncu_rows: analysis.profile.as_ref().and_then(|p| p.ncu.as_ref()).map_or(Vec::new(), |n| n.by_time.clone()),
             devices,
@@ -147,6 +154,12 @@ impl<'t> App<'t> {
 
     pub fn device(&self) -> Option<&DeviceCtx<'t>> {
         self.devices.get(self.dev)
+    }
+
+    /// The verdict of the GPU shown.
+    pub fn verdict(&self) -> Option<&str> {
+        let d = self.device()?.device;
+        self.verdicts.iter().find(|(id, _)| *id == d).map(|(_, s)| s.as_str())
     }
 
     pub fn events_len(&self) -> usize {

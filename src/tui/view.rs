@@ -25,7 +25,7 @@ const CURSOR: Color = Color::White;
 /// The whole screen.
 pub fn draw(f: &mut Frame, app: &App) {
     let [header, chart, body, status] =
-        Layout::vertical([Constraint::Length(2), Constraint::Length(10), Constraint::Min(6), Constraint::Length(1)])
+        Layout::vertical([Constraint::Length(3), Constraint::Length(10), Constraint::Min(6), Constraint::Length(1)])
             .areas(f.area());
     draw_header(f, app, header);
     draw_chart(f, app, chart);
@@ -101,7 +101,11 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         _ if n == 0 => second.push(Span::from("   no trace: the state at the dump").italic()),
         _ => {}
     }
-    f.render_widget(Paragraph::new(vec![Line::from(first), Line::from(second)]), area);
+    let mut lines = vec![Line::from(first), Line::from(second)];
+    if let Some(v) = app.verdict() {
+        lines.push(Line::from(Span::from(v.to_string()).italic()));
+    }
+    f.render_widget(Paragraph::new(lines), area);
 }
 
 /// Max of each bucket: a peak is never averaged away.

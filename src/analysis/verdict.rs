@@ -1,0 +1,367 @@
+//! The verdict: for each GPU, the answer first. At an OOM, the arithmetic of the failure — what was asked, what the
+//! driver had, what PyTorch held and could not use, what was held outside PyTorch — and what filled the GPU; without
+//! one, the same for the peak. Then the causes the checklist found, ranked by the memory each explains: the primary
+//! cause explains the most, and a cause that explains a small share of the memory is not above a warning, so the
+//! last straw (a small request that did not fit in fragmented free space) never outranks what filled the GPU. When
+//! no rule fires, the verdict still names what holds the memory and the standard remedies for it: "no rule found a
+//! cause" is never the answer to an OOM.
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use super::categories::CategoryCache;
+use super::facts::moment_words;
+use super::{Analysis, DeviceReport, Finding};
+use crate::timeline::replay::State;
+use crate::timeline::stacks::{StackId, EMPTY_STACK};
+use crate::timeline::Timeline;
+use crate::units::bytes;
+
+/// A cause that explains less than this share of the memory in question is not above a warning, unless it is the
+/// primary cause (nothing explains more).
+const SMALL_SHARE: f64 = 0.10;
+
+/// A holder's `stack` when nothing was recorded.
+const NO_STACK: &str = "(no stack recorded)";
+
+/// What holds the most memory at the moment.
+#[derive(Clone, Debug, Serialize)]
+pub struct Holder {
+    /// The category (see rules/categories.toml) with the most live bytes.
+    pub category: &'static str,
+    pub bytes: u64,
+    /// The lines that allocated most of it: `model.py:41, :43 and :47 in forward`.
+    pub stack: String,
+    /// Its share of allocated memory.
+    pub share: f64,
+}
+
+/// One cause, as the verdict ranks it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Cause {
+    pub rule: String,
+    pub severity: String,
+    /// The memory it explains (null where no size applies).
+    pub bytes: Option<u64>,
+    pub title: String,
+}
+
+/// The figures of the failure.
+#[derive(Clone, Debug, Serialize)]
+pub struct Arithmetic {
+    pub requested_bytes: Option<u64>,
+    /// What the driver said was free on the GPU.
+    pub device_free_bytes: Option<u64>,
+    pub capacity_bytes: Option<u64>,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    /// Cached free bytes in the request's pool and stream, and the largest of those blocks.
+    pub cached_free_bytes: Option<u64>,
+    pub largest_free_block_bytes: Option<u64>,
+    pub outside_pytorch_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Verdict {
+    /// One or two sentences: what happened, what filled the GPU, and the primary cause.
+    pub summary: String,
+    /// The rule that explains the most memory (null when no rule fired).
+    pub primary_rule: Option<String>,
+    /// What holds the most memory (null without allocator data).
+    pub holder: Option<Holder>,
+    /// The bytes the primary cause accounts for (null without one).
+    pub explained_bytes: Option<u64>,
+    /// This GPU's findings, by the memory they explain (those without a size last).
+    pub causes: Vec<Cause>,
+    /// At an OOM: its figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arithmetic: Option<Arithmetic>,
+    /// When no rule names the cause: what usually helps with the memory that holds the most.
+    pub remedies: Vec<String>,
+}
+
+/// The largest category of live memory at the moment and the lines that allocated most of it.
+pub fn holder(tl: &Timeline, r: &DeviceReport, state: &State, cats: &mut CategoryCache) -> Option<Holder> {
+    if r.allocated_bytes == 0 {
+        return None;
+    }
+    let mut by_cat: FxHashMap<&'static str, (u64, FxHashMap<StackId, u64>)> = FxHashMap::default();
+    for (_, _, b) in state.allocated_blocks() {
+        let e = by_cat.entry(cats.of(b.stack)).or_default();
+        e.0 += b.size;
+        *e.1.entry(b.stack).or_default() += b.size;
+    }
+    let (category, (bytes, stacks)) = by_cat.into_iter().max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(a.0)))?;
+    let mut stacks: Vec<(StackId, u64)> = stacks.into_iter().collect();
+    stacks.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    // The lines that together hold most of the category (at most three).
+    let mut top = Vec::new();
+    let mut covered = 0;
+    for &(s, b) in &stacks {
+        if top.len() == 3 || (covered * 2 > bytes && !top.is_empty()) {
+            break;
+        }
+        top.push(s);
+        covered += b;
+    }
+    let stack = if top.iter().all(|&s| s == EMPTY_STACK) {
+        NO_STACK.to_string()
+    } else {
+        top.retain(|&s| s != EMPTY_STACK);
+        super::stacks::sites(tl, &top, 3)
+    };
+    Some(Holder { category, bytes, stack, share: bytes as f64 / r.allocated_bytes as f64 })
+}
+
+/// Ranks each GPU's findings by the memory they explain, caps the severity of those that explain little, and
+/// writes each GPU's verdict.
+pub fn attach(a: &mut Analysis) {
+    for d in &mut a.devices {
+        let scale = scale(d);
+        let mut mine: Vec<&mut Finding> = a.findings.iter_mut().filter(|f| f.device == Some(d.device)).collect();
+        let primary = primary(&mine);
+        let lead = primary.map(|i| (mine[i].rule.clone(), mine[i].bytes));
+        for (i, f) in mine.iter_mut().enumerate() {
+            let small = f.bytes.is_some_and(|b| (b as f64) < SMALL_SHARE * scale as f64);
+            if Some(i) != primary && small && f.severity == "error" {
+                f.severity = "warning".into();
+                if let (Some(b), Some((rule, lead_bytes))) = (f.bytes, &lead) {
+                    f.message.push_str(&format!(
+                        " It explains {} of the {} in question{}: the last straw, not what filled the GPU.",
+                        bytes(b),
+                        bytes(scale),
+                        lead_bytes.map_or(String::new(), |l| format!(", {rule} explains {}", bytes(l)))
+                    ));
+                }
+            }
+        }
+        let mut causes: Vec<Cause> = mine
+            .iter()
+            .map(|f| Cause {
+                rule: f.rule.clone(),
+                severity: f.severity.clone(),
+                bytes: f.bytes,
+                title: f.title.clone(),
+            })
+            .collect();
+        causes.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(severity_rank(&y.severity).cmp(&severity_rank(&x.severity))));
+        let primary = primary.map(|i| &*mine[i]);
+        d.verdict = Some(verdict(d, primary, causes));
+    }
+    super::sort_findings(&mut a.findings);
+}
+
+fn severity_rank(s: &str) -> u8 {
+    match s {
+        "error" => 2,
+        "warning" => 1,
+        _ => 0,
+    }
+}
+
+/// The memory in question: what PyTorch held, plus what it asked for at an OOM.
+fn scale(d: &DeviceReport) -> u64 {
+    let req = d.oom.as_ref().and_then(|o| o.requested_bytes).unwrap_or(0);
+    (d.reserved_bytes + req).max(d.allocated_bytes).max(1)
+}
+
+/// The finding that explains the most memory among those at warning or above; without sizes, the most severe.
+fn primary(findings: &[&mut Finding]) -> Option<usize> {
+    let serious = |f: &Finding| severity_rank(&f.severity) >= 1;
+    let sized = findings
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| serious(f) && f.bytes.is_some())
+        .max_by(|(i, a), (j, b)| {
+            a.bytes.cmp(&b.bytes).then(severity_rank(&a.severity).cmp(&severity_rank(&b.severity))).then(j.cmp(i))
+        })
+        .map(|(i, _)| i);
+    sized.or_else(|| {
+        findings
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| serious(f))
+            .max_by(|(i, a), (j, b)| severity_rank(&a.severity).cmp(&severity_rank(&b.severity)).then(j.cmp(i)))
+            .map(|(i, _)| i)
+    })
+}
+
+fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> Verdict {
+    let fact_bytes = |name: &str| match d.facts.get(name).map(|f| &f.value) {
+        Some(crate::rules::expr::Val::Num(n)) if *n >= 0.0 => Some(*n as u64),
+        _ => None,
+    };
+    let outside = fact_bytes("nonpytorch_bytes");
+    let capacity = fact_bytes("gpu.total_bytes");
+    let arithmetic = d.oom.as_ref().map(|o| Arithmetic {
+        requested_bytes: o.requested_bytes,
+        device_free_bytes: o.device_free_bytes,
+        capacity_bytes: capacity,
+        reserved_bytes: d.reserved_bytes,
+        allocated_bytes: d.allocated_bytes,
+        cached_free_bytes: o.cached_free_in_pool_bytes,
+        largest_free_block_bytes: o.largest_free_in_pool_bytes,
+        outside_pytorch_bytes: outside,
+    });
+    let holder = d.holder.clone();
+    let mut first = match &d.oom {
+        Some(o) => {
+            let mut s = format!(
+                "GPU {} ran out of memory asking for {}",
+                d.device,
+                o.requested_bytes.map_or("memory".into(), bytes)
+            );
+            let mut figures = Vec::new();
+            match (o.device_free_bytes, capacity) {
+                (Some(f), Some(c)) => figures.push(format!("{} free of {}", bytes(f), bytes(c))),
+                (Some(f), None) => figures.push(format!("{} free on the device", bytes(f))),
+                _ => {}
+            }
+            if d.reserved_bytes > 0 {
+                figures.push(format!("PyTorch reserved {}", bytes(d.reserved_bytes)));
+            }
+            if let Some(x) = outside.filter(|&x| x > 0) {
+                figures.push(format!("{} outside PyTorch", bytes(x)));
+            }
+            if !figures.is_empty() {
+                s.push_str(&format!(" ({})", figures.join("; ")));
+            }
+            s
+        }
+        None => match (d.moment, &d.peak) {
+            ("peak", Some(p)) => format!(
+                "GPU {} peaked at {} allocated ({} reserved){}",
+                d.device,
+                bytes(p.allocated_bytes),
+                bytes(d.reserved_bytes),
+                d.time_us
+                    .zip(d.trace.first_time_us)
+                    .map_or(String::new(), |(t, t0)| format!(" {} into the trace", crate::units::duration_us(t - t0)))
+            ),
+            _ => format!(
+                "At the {} GPU {} held {} allocated ({} reserved)",
+                moment_words(d.moment),
+                d.device,
+                bytes(d.allocated_bytes),
+                bytes(d.reserved_bytes)
+            ),
+        },
+    };
+    match &holder {
+        Some(h) if h.stack == NO_STACK => first.push_str(&format!(
+            "; {} of what was allocated ({}) has no recorded stack.",
+            crate::units::percent(h.bytes, d.allocated_bytes),
+            bytes(h.bytes)
+        )),
+        Some(h) => first.push_str(&format!(
+            "; {} of what was allocated was {} ({}) from {}.",
+            crate::units::percent(h.bytes, d.allocated_bytes),
+            category_words(h.category, &h.stack),
+            bytes(h.bytes),
+            h.stack
+        )),
+        None if d.source == "text" && d.oom.is_some() => {
+            first.push_str("; without a snapshot, what held it is not known.");
+        }
+        None => first.push('.'),
+    }
+    let second = match primary {
+        Some(f) => format!(
+            "Primary cause: {} [{}]{}.",
+            lowercase_first(&f.title),
+            f.rule,
+            f.bytes.map_or(String::new(), |b| format!(", explaining {}", bytes(b)))
+        ),
+        None => match &holder {
+            Some(h) => format!(
+                "No checklist item names a cause beyond that; for {}: {}.",
+                category_words(h.category, &h.stack),
+                remedies(h.category).first().copied().unwrap_or("")
+            ),
+            None => String::new(),
+        },
+    };
+    let summary = if second.is_empty() { first } else { format!("{first} {second}") };
+    let remedies = match (primary, &holder) {
+        (None, Some(h)) => remedies(h.category).iter().map(|s| s.to_string()).collect(),
+        _ => Vec::new(),
+    };
+    Verdict {
+        summary,
+        primary_rule: primary.map(|f| f.rule.clone()),
+        holder,
+        explained_bytes: primary.and_then(|f| f.bytes),
+        causes,
+        arithmetic,
+        remedies,
+    }
+}
+
+fn lowercase_first(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        // Keep acronyms and names (NCCL, KV) as they are.
+        Some(f) if c.clone().next().is_some_and(|n| n.is_lowercase()) => f.to_lowercase().chain(c).collect(),
+        _ => s.to_string(),
+    }
+}
+
+/// A category in words.
+pub fn category_words(category: &str, stack: &str) -> &'static str {
+    match category {
+        "parameter" => "parameters",
+        "gradient" => "gradients",
+        "optimizer_state" => "optimizer state",
+        "activation" => "activations",
+        "temporary" => "temporaries",
+        "kv_cache" => "KV cache",
+        "communication" => "communication buffers",
+        "compile" => "torch.compile buffers",
+        _ if stack == NO_STACK => "allocations with no recorded stack",
+        _ => "allocations of no known kind",
+    }
+}
+
+/// What usually helps when this category holds the memory, most effective first.
+pub fn remedies(category: &str) -> &'static [&'static str] {
+    match category {
+        "activation" => &[
+            "a smaller micro-batch (with gradient accumulation to keep the effective batch), activation checkpointing \
+             (torch.utils.checkpoint), and torch.no_grad() or torch.inference_mode() in evaluation",
+            "FlashAttention / scaled_dot_product_attention instead of a materialised softmax(QKᵀ) at long sequences",
+            "bf16 activations (torch.autocast) instead of fp32",
+        ],
+        "parameter" => &[
+            "load the weights in 16 bits (torch_dtype=torch.bfloat16) and keep no second copy (EMA, reference model) \
+             on the GPU",
+            "shard them (FSDP / ZeRO-3) or split the model over GPUs (tensor or pipeline parallel)",
+            "for inference, 8-bit or 4-bit weights (bitsandbytes, AWQ, GPTQ)",
+        ],
+        "gradient" => &[
+            "shard them (ZeRO-2 / FSDP) and zero_grad(set_to_none=True)",
+            "gradient_as_bucket_view=True on DDP (no second copy in the buckets)",
+            "LoRA adapters instead of full fine-tuning",
+        ],
+        "optimizer_state" => &[
+            "an 8-bit optimizer (bitsandbytes AdamW8bit: 2 bytes per parameter instead of 8)",
+            "shard the state (ZeRO-1/2, FSDP) or offload it to the CPU",
+            "Adafactor, or SGD with momentum",
+        ],
+        "kv_cache" => &[
+            "cap max_model_len / max_new_tokens and the number of concurrent sequences",
+            "a static or paged cache sized at start-up (transformers cache_implementation=\"static\", vLLM)",
+            "an FP8 KV cache, or fewer KV heads (GQA)",
+        ],
+        "communication" => &[
+            "smaller NCCL buffers (NCCL_BUFFSIZE) and DDP buckets (bucket_cap_mb), gradient_as_bucket_view=True",
+            "fewer process groups (each has its own communicator buffers)",
+        ],
+        "compile" => &[
+            "warm up with smaller shapes, mark dynamic dimensions (torch._dynamo.mark_dynamic) to avoid recompiles",
+            "mode=\"max-autotune-no-cudagraphs\" if CUDA-graph pools are the cost",
+        ],
+        "temporary" => &["free intermediates sooner (del), process in chunks, avoid needless .clone() / .contiguous()"],
+        _ => &["record stacks to see who allocated it: torch.cuda.memory._record_memory_history(context=\"all\", \
+             stacks=\"python\")"],
+    }
+}
