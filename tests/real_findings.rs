@@ -22,6 +22,12 @@ const EXPECTED: &[(&str, &str, &str, &str)] = &[
         "AdamW state (cs336_basics/optimizers.py step) holds 25.6 GiB, half of allocated memory",
     ),
     (
+        "cs336-sidsoc-train-62gb.pickle",
+        "optimizer-state",
+        "info",
+        "AdamW state (cs336_basics/optimizer.py:74/75 step) holds 25.9 GiB, half of allocated memory at the peak",
+    ),
+    (
         "selectn-10streams-t21.pickle",
         "segment-churn",
         "warning",

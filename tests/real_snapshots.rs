@@ -1,4 +1,4 @@
-//! Every real snapshot in fixtures/real (20 files, torch 2.0 → 2.10, written by real PyTorch on real GPUs)
+//! Every real snapshot in fixtures/real (32 files, torch 2.0 → 2.10, written by real PyTorch on real GPUs)
 //! must load, and per device its totals must equal the values `fixtures/real/compute_expected.py` computed
 //! independently with Python's own `pickle.load`.
 
@@ -16,7 +16,7 @@ fn expected() -> Vec<Value> {
 #[test]
 fn totals_match_an_independent_computation() {
     let exp = expected();
-    assert_eq!(exp.len(), 20, "all 20 real snapshots are pinned");
+    assert_eq!(exp.len(), 32, "all 32 real snapshots are pinned");
     for file in &exp {
         let name = file["file"].as_str().unwrap();
         let path = common::root().join("fixtures/real").join(name);
@@ -48,7 +48,11 @@ fn every_real_snapshot_analyzes_at_every_moment() {
         for at in [At::Auto, At::Peak, At::End] {
             let opts = Options { at: at.clone(), top: 5, ..Options::default() };
             let a = analyze(&tl, &opts, &Categorizer::builtin()).unwrap_or_else(|e| panic!("{file} at {at:?}: {e}"));
-            assert!(!a.devices.is_empty(), "{file}: no device reported");
+            // A snapshot taken before anything was allocated (no segments, an empty trace) has no GPU to report.
+            let empty = expected()
+                .iter()
+                .any(|e| file.ends_with(e["file"].as_str().unwrap()) && e["devices"] == serde_json::json!([]));
+            assert!(!a.devices.is_empty() || empty, "{file}: no device reported");
             for d in &a.devices {
                 assert!(d.allocated_bytes <= d.active_bytes && d.active_bytes <= d.reserved_bytes, "{file}");
                 assert!(d.largest_free_block_bytes <= d.reserved_bytes - d.active_bytes, "{file}");
