@@ -226,3 +226,44 @@ fn a_panic_is_one_line_and_exit_3() {
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(e.starts_with("oomdoc: internal error at src/") && e.contains("this is a bug"), "{e}");
 }
+
+/// The worst shapes for time and memory (`fuzz/hostile.py`, about 1 MiB each) are read or refused within an
+/// address-space limit of the binary, a fixed allowance for the runtime and 64× the input: nothing a hostile file
+/// says can make oomdoc allocate in proportion to a number it claims. (Their time, well under a second each, is
+/// measured by bench/hostile.sh, not here.)
+#[test]
+fn hostile_megabyte_inputs_stay_within_64_times_their_size() {
+    let dir = std::env::temp_dir().join(format!("oomdoc-hostile-{}", std::process::id()));
+    let gen = std::process::Command::new("python3")
+        .arg(common::root().join("fuzz/hostile.py"))
+        .arg(&dir)
+        .output()
+        .expect("python3 runs");
+    assert!(gen.status.success(), "{}", stderr(&gen));
+    let bin = env!("CARGO_BIN_EXE_oomdoc");
+    let binary_kib = std::fs::metadata(bin).unwrap().len() / 1024;
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert!(files.len() >= 14, "{files:?}");
+    for f in &files {
+        let size_kib = std::fs::metadata(f).unwrap().len() / 1024;
+        // The executable is mapped whole; the runtime (threads' stacks, the allocator) needs a few tens of MiB.
+        let limit_kib = binary_kib + 48 * 1024 + 64 * size_kib;
+        let script = format!("ulimit -v {limit_kib} && exec \"$0\" analyze \"$1\" --no-progress");
+        let o = std::process::Command::new("sh")
+            .args(["-c", &script, bin, f.to_str().unwrap()])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            // One malloc arena: an address-space limit then measures what the program asks for, not the
+            // allocator's per-thread reservations.
+            .env("MALLOC_ARENA_MAX", "1")
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        let name = f.file_name().unwrap().to_string_lossy();
+        assert!(matches!(o.status.code(), Some(0) | Some(2)), "{name}: exit {:?}: {err}", o.status.code());
+        assert!(err.lines().count() <= 1, "{name}: {err}");
+        assert!(!err.contains("memory allocation") && !err.contains("internal error"), "{name}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

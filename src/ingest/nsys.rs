@@ -22,40 +22,52 @@ use crate::timeline::Malformed;
 // ---------------------------------------------------------------------------------------------------------------
 // CSV and numbers (shared with ncu)
 
-/// Splits one CSV line (RFC 4180 quoting: `"a ""b"", c"` is one field). `None` when a quote is left open (the
-/// record goes on past the line, or the line was cut).
+/// Splits one CSV line (RFC 4180 quoting: `"a ""b"", c"` is one field), with the csv crate's core. `None` when a
+/// quote is left open (the record goes on past the line, or the line was cut): quotes come in pairs in a line that
+/// holds whole records.
 pub(crate) fn split_csv(line: &str) -> Option<Vec<String>> {
-    let mut fields = Vec::new();
-    let mut cur = String::new();
-    let mut chars = line.chars().peekable();
-    let mut in_quotes = false;
-    let mut was_quoted = false;
-    while let Some(c) = chars.next() {
-        if in_quotes {
-            if c == '"' {
-                if chars.peek() == Some(&'"') {
-                    cur.push('"');
-                    chars.next();
-                } else {
-                    in_quotes = false;
-                }
-            } else {
-                cur.push(c);
-            }
-        } else if c == '"' && (cur.is_empty() && !was_quoted) {
-            in_quotes = true;
-            was_quoted = true;
-        } else if c == ',' {
-            fields.push(std::mem::take(&mut cur));
-            was_quoted = false;
-        } else {
-            cur.push(c);
-        }
-    }
-    if in_quotes {
+    if line.bytes().filter(|&b| b == b'"').count() % 2 == 1 {
         return None;
     }
-    fields.push(cur);
+    thread_local! {
+        // Building a reader compiles its state machine, which costs more than reading a line: keep one.
+        static READER: std::cell::RefCell<csv_core::Reader> = std::cell::RefCell::new(csv_core::Reader::new());
+    }
+    READER.with(|r| {
+        let mut r = r.borrow_mut();
+        r.reset();
+        split_with(&mut r, line)
+    })
+}
+
+fn split_with(reader: &mut csv_core::Reader, line: &str) -> Option<Vec<String>> {
+    // A record has at most one field more than it has commas, and its fields are no longer than the line.
+    let mut out = vec![0u8; line.len() + 1];
+    let mut ends = vec![0usize; line.bytes().filter(|&b| b == b',').count() + 2];
+    let (mut input, mut nout, mut nend) = (line.as_bytes(), 0, 0);
+    loop {
+        let (res, nin, o, e) = reader.read_record(input, &mut out[nout..], &mut ends[nend..]);
+        input = &input[nin..];
+        nout += o;
+        nend += e;
+        match res {
+            csv_core::ReadRecordResult::InputEmpty => {}
+            csv_core::ReadRecordResult::Record | csv_core::ReadRecordResult::End => break,
+            // The buffers hold the whole line: a field can only shrink.
+            csv_core::ReadRecordResult::OutputFull | csv_core::ReadRecordResult::OutputEndsFull => return None,
+        }
+    }
+    let mut fields = Vec::with_capacity(nend.max(1));
+    let mut start = 0;
+    for &end in &ends[..nend] {
+        // A field's offset is relative to the record's output.
+        let end = end.min(nout);
+        fields.push(String::from_utf8_lossy(&out[start..end]).into_owned());
+        start = end;
+    }
+    if fields.is_empty() {
+        fields.push(String::new());
+    }
     Some(fields)
 }
 

@@ -100,36 +100,19 @@ pub fn parse_f64(s: &str) -> Option<f64> {
     Some(m as f64 / 10f64.powi(d as i32))
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date.
-pub fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m as i64 + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d as i64 - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
+/// Days from 1970-01-01 to the Julian day number of the same date.
+const UNIX_JULIAN_DAY: i64 = 2_440_588;
 
-/// (year, month, day) of days since 1970-01-01.
-pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-/// Wall-clock µs "since 1970-01-01 00:00" of the clock that wrote it (no zone applied).
+/// Wall-clock µs "since 1970-01-01 00:00" of the clock that wrote it (no zone applied); `None` for a date or time
+/// that does not exist.
 pub fn wall_us(y: i64, mo: u32, d: u32, h: u32, mi: u32, s: u32, frac_us: i64) -> Option<i64> {
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+    if h > 23 || mi > 59 || s > 60 {
         return None;
     }
-    let secs = days_from_civil(y, mo, d) * 86_400 + (h * 3600 + mi * 60 + s) as i64;
+    let month = time::Month::try_from(u8::try_from(mo).ok()?).ok()?;
+    let date = time::Date::from_calendar_date(i32::try_from(y).ok()?, month, u8::try_from(d).ok()?).ok()?;
+    let days = i64::from(date.to_julian_day()) - UNIX_JULIAN_DAY;
+    let secs = days * 86_400 + i64::from(h * 3600 + mi * 60 + s);
     Some(secs * 1_000_000 + frac_us)
 }
 
@@ -137,9 +120,14 @@ pub fn wall_us(y: i64, mo: u32, d: u32, h: u32, mi: u32, s: u32, frac_us: i64) -
 pub fn format_wall(us: i64) -> String {
     let secs = us.div_euclid(1_000_000);
     let ms = us.rem_euclid(1_000_000) / 1000;
-    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
     let t = secs.rem_euclid(86_400);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{ms:03}", t / 3600, t / 60 % 60, t % 60)
+    let day =
+        i32::try_from(secs.div_euclid(86_400) + UNIX_JULIAN_DAY).ok().and_then(|j| time::Date::from_julian_day(j).ok());
+    let date = match day {
+        Some(d) => format!("{:04}-{:02}-{:02}", d.year(), u8::from(d.month()), d.day()),
+        None => "????-??-??".to_string(),
+    };
+    format!("{date} {:02}:{:02}:{:02}.{ms:03}", t / 3600, t / 60 % 60, t % 60)
 }
 
 fn frac_to_us(frac: &str) -> i64 {
@@ -270,7 +258,8 @@ mod tests {
         let (s, _, _) = find_stamp("Tue Jul 14 08:12:53 2026       ").unwrap();
         assert_eq!(s, Stamp::Local(wall_us(2026, 7, 14, 8, 12, 53, 0).unwrap()));
         assert_eq!(wall_us(1970, 1, 1, 0, 0, 0, 0), Some(0));
-        assert_eq!(civil_from_days(days_from_civil(2024, 2, 29)), (2024, 2, 29));
+        assert_eq!(wall_us(2024, 2, 29, 0, 0, 0, 0), Some(1_709_164_800_000_000));
+        assert_eq!(wall_us(2023, 2, 29, 0, 0, 0, 0), None, "no such day");
         assert!(find_stamp("no time here").is_none());
     }
 
