@@ -14,8 +14,13 @@ N entries (segment_alloc, then alloc / free_requested / free_completed), every o
 final `segments` is the allocator's state after the last entry: replaying the trace from empty lands on it.
 
 Variants:
-  shared    frames as torch 2.x writes them: equal frame dicts are one object, equal stacks one list object,
-            so pickle writes memo references (BINGET) for repeats. Written with pickle.dump(protocol=4).
+  real      frames as torch writes them: equal frame dicts are one object, but every allocation gets a fresh
+            frames list, and so does every free_requested (its free_completed reuses that one), so a trace holds
+            about 0.66 list objects per entry, each pickled as a run of memo references (BINGET / LONG_BINGET),
+            with the torch >= 2.10 key set. The statistics of ../shared/tools/snapshot-stats.py (lists per entry,
+            bytes per entry, distinct stacks, depth) are printed after writing and match the real files'.
+  shared    best case: equal stacks are one list object, so a repeat is one memo reference. No torch writes this;
+            kept to show the reader's ceiling. Written with pickle.dump(protocol=4).
   unshared  every trace entry and block gets fresh frame dicts and a fresh list (strings stay shared, as
             pickle memoizes them anyway). Holding 1M entries x 30 fresh dicts would take ~8 GB, so this variant
             is streamed by a small writer that emits exactly the bytes pickle.dump(protocol=4) would write
@@ -850,10 +855,11 @@ V_ACTIVE, V_INACTIVE, V_LARGE, V_SMALL, V_NA, V_EMPTY = (s("active_allocated"), 
 
 
 class Objects:
-    """Python objects for frames / stacks: shared (one object per distinct frame / stack) or fresh each time."""
+    """Python objects for frames / stacks: shared (one object per distinct frame / stack), real (frame dicts
+    shared, a fresh list each time), or fresh each time (unshared)."""
 
-    def __init__(self, pool, shared):
-        self.pool, self.shared = pool, shared
+    def __init__(self, pool, shared, fresh_lists=False):
+        self.pool, self.shared, self.fresh_lists = pool, shared, fresh_lists
         if shared:
             fr = [{K["name"]: n, K["filename"]: f, K["line"]: ln} for (n, f, ln) in FRAMES]
             self.frame_objs = fr
@@ -861,6 +867,8 @@ class Objects:
             self.empty = []
 
     def stack(self, sid):
+        if self.shared and self.fresh_lists:
+            return list(self.stack_objs[sid])
         if self.shared:
             return self.stack_objs[sid]
         return [{K["name"]: n, K["filename"]: f, K["line"]: ln}
@@ -900,18 +908,58 @@ def allocator_settings():
             K["roundup_power2_divisions"]: {}}
 
 
-def trace_entry(tr, i, objs):
+def trace_entry(tr, i, objs, frames=None):
+    # torch builds the compile context string afresh for every entry (pickle then writes and memoizes it each time);
+    # the empty user metadata is CPython's one empty string.
+    ctx = "".join(("N/", "A")) if objs.fresh_lists else V_NA
     return {K["action"]: ACTIONS[tr.action[i]], K["addr"]: tr.addr[i], K["size"]: tr.size[i], K["stream"]: 0,
-            K["time_us"]: tr.time[i], K["compile_context"]: V_NA, K["user_metadata"]: V_EMPTY,
-            K["frames"]: objs.stack(tr.stack[i])}
+            K["time_us"]: tr.time[i], K["compile_context"]: ctx, K["user_metadata"]: V_EMPTY,
+            K["frames"]: objs.stack(tr.stack[i]) if frames is None else frames}
 
 
-def build_snapshot(pool, alloc, tr, shared):
-    objs = Objects(pool, shared)
+def trace_entries(tr, objs):
+    """The trace's entries; with fresh lists, a free_completed reuses the list of the free_requested before it
+    (torch records one context for the free and completes it with the same)."""
+    out = []
+    for i in range(len(tr)):
+        reuse = None
+        if objs.fresh_lists and tr.action[i] == 2 and i > 0 and tr.action[i - 1] == 1 and tr.stack[i] == tr.stack[i - 1]:
+            reuse = out[-1][K["frames"]]
+        out.append(trace_entry(tr, i, objs, reuse))
+    return out
+
+
+def build_snapshot(pool, alloc, tr, shared, fresh_lists=False):
+    objs = Objects(pool, shared, fresh_lists)
     return {K["segments"]: build_segments(alloc, objs),
-            K["device_traces"]: [[trace_entry(tr, i, objs) for i in range(len(tr))]],
+            K["device_traces"]: [trace_entries(tr, objs)],
             K["allocator_settings"]: allocator_settings(),
             K["external_annotations"]: []}
+
+
+def stats(path):
+    """The figures ../shared/tools/snapshot-stats.py prints, computed the same way."""
+    import statistics
+
+    class DataOnly(pickle.Unpickler):
+        def find_class(self, module, name):
+            raise pickle.UnpicklingError("a snapshot is plain data")
+
+    with open(path, "rb") as f:
+        data = DataOnly(f).load()
+    trace = [e for dev in data.get("device_traces", []) for e in dev]
+    with_frames = [e["frames"] for e in trace if e.get("frames")]
+    depths = [len(fr) for fr in with_frames]
+    return {
+        "entries": len(trace),
+        "lists_per_entry": round(len({id(fr) for fr in with_frames}) / len(with_frames), 3),
+        "distinct_stacks": len({tuple(id(x) for x in fr) for fr in with_frames}),
+        "frame_dicts": len({id(x) for fr in with_frames for x in fr}),
+        "depth_median": statistics.median(depths),
+        "depth_max": max(depths),
+        "keys": sorted({k for e in trace[:1000] for k in e}),
+        "bytes_per_entry": round(os.path.getsize(path) / len(trace), 1),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1216,11 +1264,11 @@ def generate(n, variant, out, writer="auto", quiet=False):
     pool, alloc, tr, peak = simulate(n)
     t1 = time.time()
     if writer == "auto":
-        writer = "pickle" if variant == "shared" else "stream"
+        writer = "pickle" if variant in ("shared", "real") else "stream"
     tmp = out + ".tmp"
     with open(tmp, "wb") as f:
         if writer == "pickle":
-            snap = build_snapshot(pool, alloc, tr, variant == "shared")
+            snap = build_snapshot(pool, alloc, tr, variant in ("shared", "real"), fresh_lists=variant == "real")
             pickle.dump(snap, f, protocol=4)
             del snap
         else:
@@ -1242,6 +1290,12 @@ def generate(n, variant, out, writer="auto", quiet=False):
                  peak / GiB, t1 - t0, writer, t2 - t1), file=sys.stderr)
         size = os.path.getsize(out)
         print("%s %d bytes (%.1f MB)" % (out, size, size / 1e6))
+        if variant == "real":
+            st = stats(out)
+            print("%s: %d entries, lists/entry %.3f, %d distinct stacks, %d frame dicts, depth median %s max %d, "
+                  "%.1f bytes/entry, keys %s" % (out, st["entries"], st["lists_per_entry"], st["distinct_stacks"],
+                                                 st["frame_dicts"], st["depth_median"], st["depth_max"],
+                                                 st["bytes_per_entry"], ",".join(st["keys"])))
 
 
 def selftest():
@@ -1359,7 +1413,8 @@ def main():
     global STACK_DEPTH
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--entries", type=int)
-    ap.add_argument("--variant", choices=["shared", "unshared"])
+    ap.add_argument("--variant", choices=["real", "shared", "unshared"])
+    ap.add_argument("--stats", metavar="PICKLE", help="print a file's shape statistics as JSON")
     ap.add_argument("-o", "--output")
     ap.add_argument("--depth", type=int, default=STACK_DEPTH,
                     help="frames per stack (default %(default)s: 1M unshared entries ~760 MB; 30 gives ~650 MB)")
@@ -1372,6 +1427,10 @@ def main():
         sys.exit(0 if selftest() else 1)
     if a.verify:
         verify(a.verify)
+        return
+    if a.stats:
+        import json
+        print(json.dumps(stats(a.stats)))
         return
     if not (a.entries and a.variant and a.output):
         ap.error("--entries, --variant and -o are required")

@@ -21,7 +21,7 @@ seed() { # the seed corpus of a target: fixtures and real artifacts of its kind
   [ -n "$(ls -A "$dir" 2>/dev/null)" ] && return 0
   local src=()
   case $t in
-    pickle|snapshot|snapshot_split) src=(../fixtures/real/*.pickle ../fixtures/generated/*/*.pickle ../fixtures/real-gpu/*/*.pickle ../fixtures/bad/*.pickle) ;;
+    pickle|snapshot) src=(../fixtures/real/*.pickle ../fixtures/generated/*/*.pickle ../fixtures/real-gpu/*/*.pickle ../fixtures/bad/*.pickle) ;;
     oom_log|vllm_log) src=(../fixtures/real/logs/* ../fixtures/generated/joint/*.log ../fixtures/real-gpu/*/*.log) ;;
     nvidia_smi) src=(../fixtures/real/nvidia-smi/* ../fixtures/generated/joint/*.csv ../fixtures/real-gpu/*/nvidia-smi.csv) ;;
     nsys_csv) src=(../fixtures/profilers/*.csv ../fixtures/profilers/*.txt ../fixtures/real/nsys/*/*.csv) ;;
@@ -39,7 +39,7 @@ for i,c in enumerate(d.get("case",[d])):
     budget_config) src=(../fixtures/models/*.json) ;;
     job) src=(../fixtures/generated/joint/*.csv ../fixtures/generated/joint/*.log ../fixtures/real/nvidia-smi/*.txt ../fixtures/profilers/*.csv ../fixtures/real/ncu/*) ;;
   esac
-  case $t in pickle|snapshot|snapshot_split) python3 seeds.py "$dir" ;; esac
+  case $t in pickle|snapshot) python3 seeds.py "$dir" ;; esac
   local i=0
   for f in "${src[@]}"; do
     [ -f "$f" ] || continue

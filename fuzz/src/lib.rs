@@ -6,7 +6,7 @@
 
 use std::io::Cursor;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use oomdoc::analysis::{self, categories::Categorizer, Options};
 use oomdoc::ingest::{self, pickle, snapshot, Kind, LoadOptions};
@@ -45,33 +45,6 @@ pub fn pickle(data: &[u8]) {
 pub fn snapshot(data: &[u8]) {
     if let Ok(s) = snapshot::read_sized(Cursor::new(data), data.len() as u64, None) {
         analyse_and_render(&s.timeline);
-    }
-}
-
-/// A snapshot read with the trace's second half on a helper thread, started early and waited for, so the split
-/// path runs on small inputs: it must succeed or fail exactly as the plain read does.
-pub fn snapshot_split(data: &[u8]) {
-    let plain = snapshot::read_sized(Cursor::new(data), data.len() as u64, None);
-    let bytes: Arc<dyn pickle::ReadAt> = Arc::new(data.to_vec());
-    let mut split = pickle::Split::new(bytes, data.len() as u64);
-    split.min_rest = 0;
-    split.after_records = 1;
-    split.settle_after = 1;
-    split.patient = true;
-    let helped = snapshot::read_split(Cursor::new(data), data.len() as u64, None, Some(split));
-    match (&plain, &helped) {
-        (Ok(a), Ok(b)) => {
-            assert_eq!(a.timeline.devices.len(), b.timeline.devices.len(), "devices differ with a helper");
-            for (x, y) in a.timeline.devices.iter().zip(&b.timeline.devices) {
-                assert_eq!(x.events.len(), y.events.len(), "events differ with a helper");
-            }
-        }
-        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "errors differ with a helper"),
-        _ => panic!(
-            "the helper changed the outcome: plain {:?}, helped {:?}",
-            plain.as_ref().err().map(|e| e.to_string()),
-            helped.as_ref().err().map(|e| e.to_string())
-        ),
     }
 }
 

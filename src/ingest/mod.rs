@@ -423,13 +423,9 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
         bar
     });
     let callback = progress.clone().map(|bar| Box::new(move |pos: u64| bar.set_position(pos)) as Box<dyn FnMut(u64)>);
-    // The trace's second half is read on another thread from a second handle on the file, when it is long.
-    let split = File::open(path)
-        .ok()
-        .map(|f| pickle::Split::new(std::sync::Arc::new(f) as std::sync::Arc<dyn pickle::ReadAt>, len));
     let result = match read_ahead::ReadAhead::start(file) {
-        Ok(ahead) => snapshot::read_split(ahead, len, callback, split),
-        Err(file) => snapshot::read_split(file, len, callback, split),
+        Ok(ahead) => snapshot::read_sized(ahead, len, callback),
+        Err(file) => snapshot::read_sized(file, len, callback),
     };
     if let Some(bar) = progress {
         bar.finish_and_clear();

@@ -26,10 +26,6 @@ use rustc_hash::FxHashMap;
 
 use crate::timeline::stacks::{StrId, Strings};
 
-mod split;
-use split::Helping;
-pub use split::{NoHelper, ReadAt, RecordHelper, Split, DEFERRED};
-
 /// Containers nested deeper than this are refused. A memory snapshot nests at most ~8 levels.
 pub const MAX_DEPTH: u32 = 256;
 /// The pickler emits list/dict items in batches of this size; a container closed with a full batch may receive more.
@@ -330,8 +326,6 @@ pub fn dict_get(items: &[Value], key: StrId) -> Option<&Value> {
 
 /// Hooks that see containers as they close and may replace them with compact values.
 pub trait Builder {
-    /// What reads records on another thread when the input can be split (see [`Split`]).
-    type Helper: RecordHelper;
     /// `items` are the dict's keys and values interleaved. Return `Ok(Some(v))` to stand `v` in for the dict,
     /// `Ok(None)` to keep a generic dict, `Err(message)` if the dict has the expected shape but bad contents.
     fn close_dict(&mut self, strings: &Strings, items: &[Value]) -> Result<Option<Value>, String>;
@@ -370,26 +364,12 @@ pub trait Builder {
     /// Forgets what the builder made since `mark`: the fast path gave up a container whose nested records the
     /// builder had already closed, and the generic path is about to read them again.
     fn rewind(&mut self, _mark: usize) {}
-    /// The records read so far will not be rewound or changed: a helper's records are about to be taken in. The
-    /// builder may start on them now if there are at least `min` of them.
-    fn settled(&mut self, _min: usize) {}
-    /// A helper that reads records as this builder would, on another thread; `None`: records are read here only.
-    fn helper(&self) -> Option<Self::Helper> {
-        None
-    }
-    /// Takes the helper's records as if they had been read here, in their order, right now; `resolve` gives the
-    /// value of a memo slot the helper could only name ([`DEFERRED`]). Returns the `Custom(kind, first)` value of
-    /// the first record (the others follow it, `first + 1`, …), or `None` with nothing taken.
-    fn absorb(&mut self, _helper: Self::Helper, _resolve: &dyn Fn(u32) -> Option<Value>) -> Option<(u8, u32)> {
-        None
-    }
 }
 
 /// A builder that keeps everything generic.
 pub struct PlainBuilder;
 
 impl Builder for PlainBuilder {
-    type Helper = NoHelper;
     fn close_dict(&mut self, _: &Strings, _: &[Value]) -> Result<Option<Value>, String> {
         Ok(None)
     }
@@ -434,14 +414,11 @@ struct Input<R> {
     base: u64,
     eof: bool,
     progress: Option<Box<dyn FnMut(u64) + 'static>>,
-    /// Once the input has jumped ahead (past records a helper read, see [`Split`]), it is read here at offsets
-    /// instead of from `src`.
-    direct: Option<std::sync::Arc<dyn ReadAt>>,
 }
 
 impl<R: Read> Input<R> {
     fn new(src: R) -> Self {
-        Input { src, buf: vec![0; BUF_SIZE], pos: 0, end: 0, base: 0, eof: false, progress: None, direct: None }
+        Input { src, buf: vec![0; BUF_SIZE], pos: 0, end: 0, base: 0, eof: false, progress: None }
     }
 
     #[inline]
@@ -469,11 +446,7 @@ impl<R: Read> Input<R> {
                 let grow = self.buf.len().min(n - self.end).max(BUF_SIZE);
                 self.buf.resize(self.buf.len() + grow, 0);
             }
-            let at = self.base + self.end as u64;
-            let read = match &self.direct {
-                Some(d) => d.read_at(&mut self.buf[self.end..], at),
-                None => self.src.read(&mut self.buf[self.end..]),
-            };
+            let read = self.src.read(&mut self.buf[self.end..]);
             match read {
                 Ok(0) => self.eof = true,
                 Ok(k) => self.end += k,
@@ -531,16 +504,16 @@ pub struct Parsed {
     pub strings: Strings,
     pub protocol: u8,
     pub bytes_read: u64,
-    /// Records read by a helper thread (see [`Split`]).
-    pub helper_records: u64,
 }
 
 /// Memo: dense while the pickler numbers entries 0, 1, 2, … (it always does), sparse otherwise so a hostile
 /// index like 0xFFFFFFF0 costs one map entry, not 64 GB.
 ///
 /// A dense slot is 4 bytes: an index into `values`, or (with `SPAN_BIT`) into `span_values`, where the memo stores
-/// of a cached span live once for all its occurrences. A snapshot whose frames are not shared has ~30 memo slots
-/// per trace entry; at 16 bytes a slot that alone was 500 MB for a million entries.
+/// of a cached span live once for all its occurrences; or the value itself, for the values a trace stores by the
+/// million: a str (torch writes each entry's `compile_context` afresh), and the builder's `Custom` values of two
+/// kinds (trace entries, frame lists). A snapshot whose frames are not shared has ~30 memo slots per trace entry;
+/// at 16 bytes a slot that alone was 500 MB for a million entries.
 #[derive(Default)]
 struct Memo {
     slots: Vec<u32>,
@@ -552,13 +525,19 @@ struct Memo {
     overwritten: bool,
     /// More values than a slot can index (2³⁰): reported as an error when the pickle ends.
     overflow: bool,
-    /// The kind of every inline `Custom` slot (see `push_custom`); the first such value sets it.
+    /// The kind of the `Custom` values held in slots tagged `INLINE_A` (the first kind stored) and `INLINE_B`.
     inline_kind: Option<u8>,
+    inline_kind_b: Option<u8>,
 }
 
-const SPAN_BIT: u32 = 1 << 31;
-/// A dense slot with this bit holds `Custom(Memo::inline_kind, rest of the slot)` itself.
+/// A slot's top two bits say what the rest is: an index into `values` (00), `Custom(inline_kind, id)` (01), an
+/// index into `span_values` (10), or (11) with the next bit clear `Custom(inline_kind_b, id)`, set a `Str`.
+const TAG: u32 = 3 << 30;
+const SPAN_BIT: u32 = 2 << 30;
 const INLINE_BIT: u32 = 1 << 30;
+const INLINE_SMALL: u32 = 3 << 30;
+const SMALL_STR: u32 = 1 << 29;
+const SMALL_MAX: u32 = 1 << 29;
 
 /// A memo value: stored in a table, or made from its slot.
 enum MemoRef<'a> {
@@ -583,30 +562,44 @@ impl Memo {
         self.slots.len()
     }
 
+    /// Stores the next slot's value: in the slot itself when it is a str or a `Custom` of an inline kind.
     #[inline]
     fn push(&mut self, v: Value) {
+        match v {
+            Value::Custom(kind, id) => return self.push_custom(kind, id),
+            Value::Str(id) if id < SMALL_MAX => return self.push_slot(INLINE_SMALL | SMALL_STR | id),
+            _ => {}
+        }
         if self.values.len() >= INLINE_BIT as usize {
             self.overflow = true;
             return;
         }
-        if self.values.len() == self.values.capacity() || self.slots.len() == self.slots.capacity() {
-            self.grow();
-        }
-        self.slots.push(self.values.len() as u32);
-        self.values.push(v);
-    }
-
-    /// Doubles whichever table is full; large ones go on huge pages.
-    #[cold]
-    fn grow(&mut self) {
         if self.values.len() == self.values.capacity() {
             self.values.reserve(self.values.capacity().max(1024));
             crate::huge_pages::advise(&self.values);
         }
-        if self.slots.len() == self.slots.capacity() {
-            self.slots.reserve(self.slots.capacity().max(1024));
-            crate::huge_pages::advise(&self.slots);
+        let at = self.values.len() as u32;
+        self.values.push(v);
+        self.push_slot(at);
+    }
+
+    #[inline]
+    fn push_slot(&mut self, s: u32) {
+        if self.slots.len() >= INLINE_BIT as usize {
+            self.overflow = true;
+            return;
         }
+        if self.slots.len() == self.slots.capacity() {
+            self.grow_slots();
+        }
+        self.slots.push(s);
+    }
+
+    /// Doubles the slot table; a large one goes on huge pages.
+    #[cold]
+    fn grow_slots(&mut self) {
+        self.slots.reserve(self.slots.capacity().max(1024));
+        crate::huge_pages::advise(&self.slots);
     }
 
     #[inline]
@@ -627,33 +620,36 @@ impl Memo {
         }
     }
 
-    /// Stores `Custom(kind, id)` in the slot itself when it fits, as it does for every trace entry: a million
-    /// entries then cost 4 bytes each here instead of 20.
+    /// Stores `Custom(kind, id)` in the slot itself when it fits, as it does for every trace entry and frame list:
+    /// a million entries then cost 4 bytes each here instead of 20.
     #[inline]
     fn push_custom(&mut self, kind: u8, id: u32) {
-        if id >= INLINE_BIT || self.inline_kind.is_some_and(|k| k != kind) {
-            return self.push(Value::Custom(kind, id));
+        let a = *self.inline_kind.get_or_insert(kind);
+        if kind == a && id < INLINE_BIT {
+            return self.push_slot(INLINE_BIT | id);
         }
-        if self.slots.len() >= INLINE_BIT as usize {
+        let b = *self.inline_kind_b.get_or_insert(kind);
+        if kind == b && id < SMALL_MAX {
+            return self.push_slot(INLINE_SMALL | id);
+        }
+        if self.values.len() >= INLINE_BIT as usize {
             self.overflow = true;
             return;
         }
-        self.inline_kind = Some(kind);
-        if self.slots.len() == self.slots.capacity() {
-            self.grow();
-        }
-        self.slots.push(INLINE_BIT | id);
+        let at = self.values.len() as u32;
+        self.values.push(Value::Custom(kind, id));
+        self.push_slot(at);
     }
 
     #[inline]
     fn dense_get(&self, i: usize) -> Option<MemoRef<'_>> {
         let s = *self.slots.get(i)?;
-        if s & SPAN_BIT != 0 {
-            self.span_values.get((s & !SPAN_BIT) as usize).map(MemoRef::Stored)
-        } else if s & INLINE_BIT != 0 {
-            Some(MemoRef::Inline(Value::Custom(self.inline_kind.unwrap_or(0), s & !INLINE_BIT)))
-        } else {
-            self.values.get(s as usize).map(MemoRef::Stored)
+        match s & TAG {
+            0 => self.values.get(s as usize).map(MemoRef::Stored),
+            INLINE_BIT => Some(MemoRef::Inline(Value::Custom(self.inline_kind.unwrap_or(0), s & !TAG))),
+            SPAN_BIT => self.span_values.get((s & !TAG) as usize).map(MemoRef::Stored),
+            _ if s & SMALL_STR != 0 => Some(MemoRef::Inline(Value::Str(s & (SMALL_MAX - 1)))),
+            _ => Some(MemoRef::Inline(Value::Custom(self.inline_kind_b.unwrap_or(0), s & (SMALL_MAX - 1)))),
         }
     }
 
@@ -666,7 +662,7 @@ impl Memo {
     /// values.
     fn get_mut(&mut self, idx: u32) -> Option<&mut Value> {
         match self.slots.get(idx as usize) {
-            Some(&s) if s & (SPAN_BIT | INLINE_BIT) == 0 => self.values.get_mut(s as usize),
+            Some(&s) if s & TAG == 0 => self.values.get_mut(s as usize),
             Some(_) => None,
             None => self.sparse.get_mut(&idx),
         }
@@ -700,15 +696,11 @@ struct Machine<'b, B: Builder> {
     /// Work stack of the fast path (see `fast_container`).
     scratch: Vec<Value>,
     spans: SpanCache,
+    /// Lists of memo references already decoded, by their references (see `ref_list`).
+    refs: FxHashMap<Box<[u32]>, Value>,
+    refs_len: usize,
+    ref_key: Vec<u32>,
     records: RecordShapes,
-    /// The thread reading the second half of the records, if any (see [`Split`]).
-    helping: Helping<B::Helper>,
-    /// Records read through a known layout, up to the helper's start.
-    known_hits: u32,
-    /// Records taken in from the helper (reported in [`Parsed`]).
-    helper_records: u64,
-    /// Offset of the last FRAME opcode read (protocol 4+ cuts the pickle into frames, see [`Split`]).
-    last_frame: Option<u64>,
 }
 
 /// Containers whose bytes hold only memo references and numbers decode to the same value every time the same
@@ -731,6 +723,18 @@ struct SpanEntry {
 
 /// Caps what a hostile file can make the cache hold.
 const SPAN_CACHE_MAX_BYTES: usize = 64 << 20;
+/// Caps the memo references the list cache keeps (4 bytes each).
+const REF_CACHE_MAX_REFS: usize = 16 << 20;
+
+/// What `Machine::ref_list` found after an EMPTY_LIST.
+enum RefList {
+    /// Not a list of memo references in the next slot.
+    No,
+    /// One whose references made this value before: stored and consumed.
+    Known(Value),
+    /// One not seen before: read it, then `remember_refs`.
+    New,
+}
 const SPAN_MAX_LEN: usize = 16 << 10;
 
 /// What `pure_span_end` does on each opcode: skip this many argument bytes, or one of the special cases.
@@ -818,18 +822,6 @@ pub fn read<R: Read, B: Builder>(
     strings: Strings,
     progress: Option<Box<dyn FnMut(u64)>>,
 ) -> Result<Parsed, PickleError> {
-    read_split(src, builder, strings, progress, None)
-}
-
-/// [`read`], with the second half of a long list of records read on another thread where `split` allows it.
-/// The result is the same either way.
-pub fn read_split<R: Read, B: Builder>(
-    src: R,
-    builder: &mut B,
-    strings: Strings,
-    progress: Option<Box<dyn FnMut(u64)>>,
-    split: Option<Split>,
-) -> Result<Parsed, PickleError> {
     let mut input = Input::new(src);
     input.progress = progress;
     if !input.fill(2)? {
@@ -851,6 +843,7 @@ pub fn read_split<R: Read, B: Builder>(
     let mut memo = Memo::default();
     memo.slots.reserve(builder.expected_records());
     crate::huge_pages::advise(&memo.slots);
+    crate::huge_pages::populate_soon(&memo.slots, memo.slots.capacity() * 4);
     let mut m = Machine {
         stack: Vec::with_capacity(64),
         marks: Vec::new(),
@@ -859,11 +852,10 @@ pub fn read_split<R: Read, B: Builder>(
         builder,
         scratch: Vec::new(),
         spans: SpanCache::default(),
+        refs: FxHashMap::default(),
+        refs_len: 0,
+        ref_key: Vec::new(),
         records: RecordShapes::default(),
-        helping: split.map_or(Helping::Off, Helping::Ready),
-        known_hits: 0,
-        last_frame: None,
-        helper_records: 0,
     };
     let value = m.run(&mut input)?;
     if m.memo.overflow {
@@ -872,7 +864,7 @@ pub fn read_split<R: Read, B: Builder>(
             message: "more than 2^30 memo entries; this reader's limit".into(),
         });
     }
-    Ok(Parsed { value, strings: m.strings, protocol, bytes_read: input.offset(), helper_records: m.helper_records })
+    Ok(Parsed { value, strings: m.strings, protocol, bytes_read: input.offset() })
 }
 
 fn describe_byte(b: u8) -> String {
@@ -931,7 +923,6 @@ impl<B: Builder> Machine<'_, B> {
                 }
                 0x95 => {
                     input.take(8, "FRAME")?;
-                    self.last_frame = Some(off);
                 }
                 b'.' => {
                     let v = self.pop(off, "STOP")?;
@@ -1197,11 +1188,6 @@ impl<B: Builder> Machine<'_, B> {
         }
         let mut first = true;
         loop {
-            if let Helping::Running(_) = self.helping {
-                if self.meet_helper(input)? {
-                    return Ok(true);
-                }
-            }
             let mut cur = Cursor { buf: &input.buf[input.pos..input.end], pos: 0 };
             let Some(v) = self.known_record(&mut cur) else {
                 if first {
@@ -1214,10 +1200,6 @@ impl<B: Builder> Machine<'_, B> {
             input.pos += cur.pos;
             self.stack.push(v);
             first = false;
-            if let Helping::Ready(_) = self.helping {
-                self.known_hits += 1;
-                self.maybe_start_helper(input);
-            }
             // Top the buffer up before taking the next EMPTY_DICT, so stepping back over it stays possible.
             if input.end - input.pos < FAST_WINDOW && !input.eof && input.fill(FAST_WINDOW).is_err() {
                 return Ok(true);
@@ -1451,7 +1433,14 @@ impl<B: Builder> Machine<'_, B> {
     /// when its bytes were seen before, decoded otherwise.
     fn fast_nested(&mut self, cur: &mut Cursor, op: u8, depth: u32, base: u64) -> Result<Option<Value>, PickleError> {
         let start = cur.pos - 1;
-        let span = if self.memo.overwritten { None } else { pure_span_end(cur.buf, start) };
+        // A list of memo references (a trace entry's fresh `frames` list) is looked up by its references.
+        let refs = if op == b']' && !self.memo.overwritten { self.ref_list(cur) } else { RefList::No };
+        let refs_key = match refs {
+            RefList::Known(v) => return Ok(Some(v)),
+            RefList::New => true,
+            RefList::No => false,
+        };
+        let span = if self.memo.overwritten || refs_key { None } else { pure_span_end(cur.buf, start) };
         if let Some(end) = span {
             if let Some(&i) = self.spans.index.get(&cur.buf[start..end]) {
                 let e = &self.spans.entries[i as usize];
@@ -1464,10 +1453,71 @@ impl<B: Builder> Machine<'_, B> {
         let Some(v) = self.fast_body(cur, op == b'}', depth + 1, base)? else {
             return Ok(None);
         };
-        if let Some(end) = span.filter(|&e| e == cur.pos) {
+        if refs_key {
+            self.remember_refs(&v);
+        } else if let Some(end) = span.filter(|&e| e == cur.pos) {
             self.remember_span(&cur.buf[start..end], &v, memo_mark);
         }
         Ok(Some(v))
+    }
+
+    /// Just after an EMPTY_LIST: a list stored in the next memo slot whose items are only memo references,
+    /// `MEMOIZE ( h|j … e` or `MEMOIZE h|j a`. Its references are collected in `ref_key`; when the same references
+    /// made a value before, that value is stored in the list's slot and the list consumed (`Known`); `New` leaves
+    /// the list to be read and its value to `remember_refs`. The value of a list of references is a function of
+    /// the references alone while no memo slot is stored twice and the builder calls it pure.
+    fn ref_list(&mut self, cur: &mut Cursor) -> RefList {
+        let buf = cur.buf;
+        let mut p = cur.pos;
+        match buf.get(p) {
+            Some(0x94) => p += 1,
+            _ => return RefList::No,
+        }
+        let marked = match buf.get(p) {
+            Some(b'(') => {
+                p += 1;
+                true
+            }
+            Some(b'h' | b'j') => false,
+            _ => return RefList::No,
+        };
+        self.ref_key.clear();
+        loop {
+            match buf.get(p) {
+                Some(b'h') => {
+                    let Some(&i) = buf.get(p + 1) else { return RefList::No };
+                    self.ref_key.push(u32::from(i));
+                    p += 2;
+                }
+                Some(b'j') => {
+                    let Some(b) = buf.get(p + 1..p + 5) else { return RefList::No };
+                    self.ref_key.push(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                    p += 5;
+                }
+                Some(b'e') if marked => break,
+                Some(b'a') if !marked && self.ref_key.len() == 1 => break,
+                _ => return RefList::No,
+            }
+        }
+        match self.refs.get(self.ref_key.as_slice()) {
+            Some(v) => {
+                let v = v.clone();
+                self.memo.push(v.clone());
+                cur.pos = p + 1;
+                RefList::Known(v)
+            }
+            None => RefList::New,
+        }
+    }
+
+    /// Keeps the value a list of references (`ref_key`) made, when the builder calls it pure, within a budget a
+    /// hostile file cannot blow.
+    fn remember_refs(&mut self, v: &Value) {
+        let pure = matches!(v, Value::Custom(kind, _) if self.builder.is_pure(*kind));
+        if pure && self.refs_len + self.ref_key.len() <= REF_CACHE_MAX_REFS {
+            self.refs_len += self.ref_key.len();
+            self.refs.insert(self.ref_key.as_slice().into(), v.clone());
+        }
     }
 
     /// A dict the builder takes as a record (see [`Builder::record_begin`]), from just after its MARK through its

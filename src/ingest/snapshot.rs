@@ -5,12 +5,11 @@
 
 use std::io::Read;
 
-use super::pickle::{self, dict_get, Builder, RecordHelper, Value};
-use crate::timeline::replay::Head;
+use super::pickle::{self, dict_get, Builder, Value};
 use crate::timeline::stacks::{Frame, StackId, Stacks, StrId, Strings, EMPTY_STACK};
 use crate::timeline::{
     Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTimeline, Event, EventAttrTable, EventAttrs,
-    PoolKind, Segment, Timeline, MAX_ATTRS as MAX_EVENT_ATTRS, NO_STR,
+    PoolKind, Segment, Timeline, NO_STR,
 };
 
 const FRAME: u8 = 1;
@@ -163,10 +162,6 @@ struct SnapshotBuilder {
     rec_attrs: EventAttrs,
     /// The keys seen before the open record began: what a given-up record must not leave behind.
     seen_before: Seen,
-    /// Events before these (`events[0]` is event `base`) are being replayed on another thread (see
-    /// [`Builder::settled`]), which hands them back with the replay when joined.
-    base: usize,
-    head: Option<std::thread::JoinHandle<(Vec<Event>, Head)>>,
 }
 
 /// What decoding a trace entry's fields needs besides the entry itself.
@@ -184,16 +179,6 @@ struct Seen {
     user_metadata: bool,
     pool_id: bool,
     internal_metadata: bool,
-}
-
-impl Seen {
-    fn merge(&mut self, o: Seen) {
-        self.time |= o.time;
-        self.compile_context |= o.compile_context;
-        self.user_metadata |= o.user_metadata;
-        self.pool_id |= o.pool_id;
-        self.internal_metadata |= o.internal_metadata;
-    }
 }
 
 fn want_u64(v: &Value, key: &str, what: &str) -> Result<u64, String> {
@@ -314,26 +299,15 @@ impl SnapshotBuilder {
     fn push_event(&mut self, mut e: Event, a: EventAttrs) -> Result<Value, String> {
         self.close_open();
         self.event_attrs.assign(&mut e, a)?;
-        let idx = u32::try_from(self.base + self.events.len())
-            .map_err(|_| "more than 4 billion trace entries".to_string())?;
+        let idx = u32::try_from(self.events.len()).map_err(|_| "more than 4 billion trace entries".to_string())?;
         self.events.push(e);
         Ok(Value::Custom(TRACE, idx))
     }
 
-    /// All events read, in order, and the replay of the first ones if one was started.
-    fn take_events(&mut self) -> (Vec<Event>, Option<Head>) {
+    /// All events read, in order.
+    fn take_events(&mut self) -> Vec<Event> {
         self.close_open();
-        let rest = std::mem::take(&mut self.events);
-        self.base = 0;
-        match self.head.take().map(|h| h.join()) {
-            None => (rest, None),
-            Some(Ok((mut first, head))) => {
-                first.extend_from_slice(&rest);
-                (first, Some(head))
-            }
-            // The replay would have panicked the same way in the analysis.
-            Some(Err(p)) => std::panic::resume_unwind(p),
-        }
+        std::mem::take(&mut self.events)
     }
 }
 
@@ -366,106 +340,7 @@ fn pair(v: &Value) -> Option<(i64, i64)> {
     }
 }
 
-/// Reads trace entries on the split reader's helper thread (see [`pickle::Split`]), into tables of its own that
-/// [`SnapshotBuilder`] takes in when the helper's records are used.
-pub struct EntryHelper {
-    cx: EntryCx,
-    events: Vec<Event>,
-    event_attrs: EventAttrTable,
-    /// Events whose `frames` is a memo slot the helper could not see: (event, slot), resolved when taken in.
-    deferred_stacks: Vec<(u32, u32)>,
-    /// The record being read, and what it must not leave behind if abandoned.
-    open: (Event, EventAttrs),
-    seen_before: Seen,
-}
-
-impl RecordHelper for EntryHelper {
-    fn begin(&mut self, first_key: StrId) -> bool {
-        self.open = (Event::new(Action::Unknown, 0, 0), EventAttrs::default());
-        self.seen_before = self.cx.seen;
-        first_key == k::ACTION
-    }
-
-    #[inline]
-    fn field(&mut self, key: StrId, v: &Value) -> bool {
-        match *v {
-            Value::Custom(pickle::DEFERRED, slot) if key == k::FRAMES => {
-                self.deferred_stacks.push((self.events.len() as u32, slot));
-                true
-            }
-            // Any other field must be known now: its value decides the event's attributes.
-            Value::Custom(pickle::DEFERRED, _) => false,
-            _ => self.cx.field(&mut self.open.0, &mut self.open.1, key, v).is_ok(),
-        }
-    }
-
-    fn end(&mut self) -> bool {
-        let (mut e, a) = self.open.clone();
-        if self.event_attrs.assign(&mut e, a).is_err() {
-            return false;
-        }
-        self.events.push(e);
-        true
-    }
-
-    fn abandon(&mut self) {
-        self.cx.seen = self.seen_before;
-        let event = self.events.len() as u32;
-        while self.deferred_stacks.last().is_some_and(|d| d.0 == event) {
-            self.deferred_stacks.pop();
-        }
-    }
-}
-
 impl Builder for SnapshotBuilder {
-    type Helper = EntryHelper;
-
-    fn helper(&self) -> Option<EntryHelper> {
-        // Address space for the rest of the guessed entries; only what is written costs memory.
-        let events = Vec::with_capacity((self.events.capacity() - self.events.len()) / 2 + 1024);
-        crate::huge_pages::advise(&events);
-        Some(EntryHelper {
-            cx: EntryCx::new(),
-            events,
-            event_attrs: EventAttrTable::default(),
-            deferred_stacks: Vec::new(),
-            open: (Event::new(Action::Unknown, 0, 0), EventAttrs::default()),
-            seen_before: Seen::default(),
-        })
-    }
-
-    fn absorb(&mut self, mut h: EntryHelper, resolve: &dyn Fn(u32) -> Option<Value>) -> Option<(u8, u32)> {
-        self.close_open();
-        let first = u32::try_from(self.base + self.events.len()).ok()?;
-        u32::try_from(self.base + self.events.len() + h.events.len()).ok()?;
-        // Past the table's limit, the records are read here again, and fail where they fail.
-        if self.event_attrs.len() + h.event_attrs.len() > MAX_EVENT_ATTRS {
-            return None;
-        }
-        // A stack the helper could only name by its memo slot is known here by now, and means what it means to
-        // any entry. Anything that is not a frame list, and the records are read here again instead (interning
-        // in event order, as reading them here would).
-        for &(event, slot) in &h.deferred_stacks {
-            let cx = &mut self.cx;
-            h.events[event as usize].stack = stack_of(&mut cx.stacks, &mut cx.frame_buf, &resolve(slot)?)?;
-        }
-        // Attributes new to this table are added in the order the helper met them: the order reading them here
-        // would have added them in.
-        let ids: Vec<u32> =
-            h.event_attrs.all().iter().map(|a| self.event_attrs.intern(*a)).collect::<Result<_, _>>().ok()?;
-        for e in h.events.iter_mut() {
-            e.set_attrs_id(ids[e.attrs_id() as usize]);
-        }
-        if self.events.is_empty() {
-            // Just settled (the events before are being replayed): the helper's table becomes this one.
-            self.events = h.events;
-        } else {
-            self.events.extend_from_slice(&h.events);
-        }
-        self.cx.seen.merge(h.cx.seen);
-        Some((TRACE, first))
-    }
-
     fn close_dict(&mut self, _strings: &Strings, items: &[Value]) -> Result<Option<Value>, String> {
         // Frames start with 'filename' and trace entries with 'action' in every writer seen; look there first.
         let is = |want: StrId| {
@@ -506,7 +381,7 @@ impl Builder for SnapshotBuilder {
     }
 
     fn record_end(&mut self) -> Option<Value> {
-        let idx = u32::try_from((self.base + self.events.len()).checked_sub(1)?).ok()?;
+        let idx = u32::try_from((self.events.len()).checked_sub(1)?).ok()?;
         let e = self.events.last_mut().filter(|_| self.open)?;
         self.event_attrs.assign(e, self.rec_attrs).ok()?;
         self.open = false;
@@ -514,52 +389,16 @@ impl Builder for SnapshotBuilder {
     }
 
     fn expected_records(&self) -> usize {
-        self.base + self.events.capacity()
+        self.events.capacity()
     }
 
     fn mark(&self) -> usize {
-        self.base + self.events.len() - self.open as usize
+        self.events.len() - self.open as usize
     }
 
     fn rewind(&mut self, mark: usize) {
         self.close_open();
-        if mark < self.base {
-            let (events, _) = self.take_events();
-            self.events = events;
-        }
-        self.events.truncate(mark - self.base);
-    }
-
-    /// The records read so far stay as they are: replay them on another thread while the rest is read.
-    fn settled(&mut self, min: usize) {
-        self.close_open();
-        if self.head.is_some() || self.base > 0 || self.events.len() < min.max(1) {
-            return;
-        }
-        let total = self.events.capacity();
-        let first = std::mem::take(&mut self.events);
-        let attrs = self.event_attrs.clone();
-        let n = first.len();
-        // The events travel through a slot, so that they come back if the thread cannot start.
-        let slot = std::sync::Arc::new(std::sync::Mutex::new(Some((first, attrs))));
-        let theirs = slot.clone();
-        let started = std::thread::Builder::new().name("replay-head".into()).spawn(move || {
-            let (first, attrs) = theirs.lock().unwrap_or_else(|e| e.into_inner()).take().expect("put above");
-            let head = Head::run(&first, &attrs, total);
-            (first, head)
-        });
-        match started {
-            Ok(handle) => {
-                self.head = Some(handle);
-                self.base = n;
-            }
-            // No thread: the events never left the slot.
-            Err(_) => {
-                if let Some((first, _)) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                    self.events = first;
-                }
-            }
-        }
+        self.events.truncate(mark);
     }
 
     fn close_list(&mut self, items: &[Value]) -> Option<Value> {
@@ -582,8 +421,6 @@ pub struct Snapshot {
     pub format_version: String,
     pub protocol: u8,
     pub bytes: u64,
-    /// Trace entries read on a second thread (see [`pickle::Split`]); the snapshot is the same either way.
-    pub helper_records: u64,
 }
 
 /// Reads a snapshot from a stream. `Err` carries a message without the path; the caller adds it.
@@ -598,17 +435,6 @@ const MIN_ENTRY_BYTES: u64 = 48;
 
 /// [`read`], told the file's length (0: unknown) to size the event table once.
 pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Snapshot, SnapshotError> {
-    read_split(src, len, progress, None)
-}
-
-/// [`read_sized`], with the second half of the trace read on another thread where `split` allows (see
-/// [`pickle::Split`]). The snapshot read is the same.
-pub fn read_split<R: Read>(
-    src: R,
-    len: u64,
-    progress: Option<Box<dyn FnMut(u64)>>,
-    split: Option<pickle::Split>,
-) -> Result<Snapshot, SnapshotError> {
     let mut strings = Strings::default();
     intern_keys(&mut strings);
     // Capped so that a hostile length cannot reserve absurd address space.
@@ -616,18 +442,18 @@ pub fn read_split<R: Read>(
     let mut b = SnapshotBuilder {
         cx: EntryCx::new(),
         events: {
-            let v = Vec::with_capacity(reserve);
+            let v: Vec<Event> = Vec::with_capacity(reserve);
             crate::huge_pages::advise(&v);
+            // Real traces take 90–300 bytes of pickle per entry: back what 150 bytes an entry would fill.
+            crate::huge_pages::populate_soon(&v, (len / 150) as usize * std::mem::size_of::<Event>());
             v
         },
         event_attrs: EventAttrTable::default(),
         open: false,
         rec_attrs: EventAttrs::default(),
         seen_before: Seen::default(),
-        base: 0,
-        head: None,
     };
-    let parsed = pickle::read_split(src, &mut b, strings, progress, split)?;
+    let parsed = pickle::read(src, &mut b, strings, progress)?;
     b.close_open();
     let cx = std::mem::replace(&mut b.cx, EntryCx::new());
     let event_attrs = std::mem::take(&mut b.event_attrs);
@@ -723,18 +549,11 @@ pub fn read_split<R: Read>(
                 }
                 _ => false,
             });
-            // Joined only now, so that the segments were decoded while the replay of the first events ended.
-            let (mut all_events, mut head) = b.take_events();
+            let mut all_events = b.take_events();
             let mut consumed = 0usize;
             for (dev, h) in held {
                 let events = match h {
                     Held::Run(first, len) if movable => {
-                        // The replay made while reading covers this device's first events only if its list starts
-                        // the events read.
-                        if first == 0 && head.as_ref().is_some_and(|h| h.len() <= len) {
-                            *tl.device_mut(dev as i64).replay_head.get_mut().unwrap_or_else(|e| e.into_inner()) =
-                                head.take();
-                        }
                         // Dicts read before the trace that looked like entries (an `action` key) may precede the
                         // run: drop them in place, then move the run out (no second copy of the trace).
                         all_events.drain(..first - consumed);
@@ -783,13 +602,7 @@ pub fn read_split<R: Read>(
     tl.stacks = d.stacks;
     tl.strings = parsed.strings;
     fill_capture_info(&mut tl, version.time);
-    Ok(Snapshot {
-        timeline: tl,
-        format_version,
-        protocol: parsed.protocol,
-        bytes: parsed.bytes_read,
-        helper_records: parsed.helper_records,
-    })
+    Ok(Snapshot { timeline: tl, format_version, protocol: parsed.protocol, bytes: parsed.bytes_read })
 }
 
 /// Converted event `j`. Every trace value the reader hands out names an event it keeps, so the fallback (an

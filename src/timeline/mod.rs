@@ -291,9 +291,6 @@ pub struct DeviceTimeline {
     pub events: Vec<Event>,
     /// The attributes its events refer to.
     pub event_attrs: EventAttrTable,
-    /// The replay of the first events, made while the file was read; taken by the device's first
-    /// [`replay::Replay`].
-    pub replay_head: std::sync::Mutex<Option<replay::Head>>,
     /// The allocator state when the file was written (complete even when the trace is not).
     pub segments: Vec<Segment>,
     /// Memory as nvidia-smi saw it, in the order read (see `timeline::clock` for their times).

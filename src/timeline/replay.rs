@@ -811,6 +811,7 @@ impl Pass {
     fn new(start: State, len: usize) -> Pass {
         let allocated_series = Vec::with_capacity(len);
         crate::huge_pages::advise(&allocated_series);
+        crate::huge_pages::populate_soon(&allocated_series, len * 8);
         Pass {
             checkpoints: Vec::with_capacity(len / CHECKPOINT_EVERY + 1),
             anomalies: Vec::new(),
@@ -857,58 +858,11 @@ fn forward(dev: &DeviceTimeline, start: State, rules: &Rules) -> Pass {
     pass.finish()
 }
 
-/// The replay of a trace's first events from an empty allocator, made while the rest of the file is still being
-/// read (see `ingest::snapshot`), under the rules those events and a file without settings imply. The device's
-/// [`Replay`] goes on from it when the file's rules turn out the same, and starts over otherwise.
-pub struct Head {
-    rules: Rules,
-    pass: Pass,
-    len: usize,
-}
-
-impl Head {
-    /// `capacity`: how many events the whole trace may have, to size the per-event series once.
-    pub fn run(events: &[Event], attrs: &EventAttrTable, capacity: usize) -> Head {
-        let rules = Rules {
-            expandable: events.iter().any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap)),
-            ..Rules::default()
-        };
-        let mut pass = Pass::new(State::default(), capacity.max(events.len()));
-        pass.run(events, 0, &rules, attrs);
-        Head { rules, pass, len: events.len() }
-    }
-
-    /// Events replayed.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl std::fmt::Debug for Head {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Head({} events)", self.len)
-    }
-}
-
 impl<'t> Replay<'t> {
     pub fn new(dev: &'t DeviceTimeline, settings: Option<&AllocatorSettings>) -> Replay<'t> {
         let rules = Rules::new(settings, dev);
-        // Most traces with a history start from an empty device: try that first, it needs no extra pass. Its
-        // first part may have been replayed already, while the file was read.
-        let head = dev.replay_head.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let mut pass = match head.filter(|h| h.rules == rules && h.len <= dev.events.len()) {
-            Some(h) => {
-                let mut pass = h.pass;
-                pass.allocated_series.reserve(dev.events.len() - h.len);
-                pass.run(&dev.events, h.len, &rules, &dev.event_attrs);
-                pass.finish()
-            }
-            None => forward(dev, State::default(), &rules),
-        };
+        // Most traces with a history start from an empty device: try that first, it needs no extra pass.
+        let mut pass = forward(dev, State::default(), &rules);
         let mut end_mismatch = if dev.events.is_empty() { None } else { pass.end.diff(&dev.segments) };
         let mut completeness = Completeness::default();
         if !dev.events.is_empty() && (!pass.anomalies.is_empty() || end_mismatch.is_some()) {
