@@ -947,9 +947,13 @@ def stats(path):
 
     with open(path, "rb") as f:
         data = DataOnly(f).load()
+    if not isinstance(data, dict):  # the oldest format: a bare list of segments, no trace
+        data = {}
     trace = [e for dev in data.get("device_traces", []) for e in dev]
     with_frames = [e["frames"] for e in trace if e.get("frames")]
     depths = [len(fr) for fr in with_frames]
+    if not with_frames:
+        return {"entries": len(trace), "keys": sorted({k for e in trace[:1000] for k in e})}
     return {
         "entries": len(trace),
         "lists_per_entry": round(len({id(fr) for fr in with_frames}) / len(with_frames), 3),

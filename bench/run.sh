@@ -3,7 +3,9 @@
 #
 #   bench/run.sh [100k|1m|all]      (default: all)
 #
-# Generates any missing snapshot into bench/data/ (bench/gen_bench_snapshot.py), then for each file measures,
+# Generates any missing snapshot into bench/data/ (bench/gen_bench_snapshot.py): per size, `real` (what torch
+# writes: a fresh frames list per allocation, frame dicts shared), `shared` (one list per stack: a best case) and
+# `unshared` (every frame dict written afresh: a worst case). Then for each file measures,
 # in the same run:
 #   oomdoc:  target/release/oomdoc analyze --format json --no-progress FILE > /dev/null   (best of 3)
 #   python:  python3 -c 'import pickle,sys; pickle.load(open(sys.argv[1],"rb"))' FILE      (best of 2; 1 for 1M)
@@ -43,7 +45,7 @@ entries_of() { case "$1" in 100k) echo 100000 ;; 1m) echo 1000000 ;; esac; }
 
 # generate what is missing
 for sz in "${sizes[@]}"; do
-  for v in shared unshared; do
+  for v in real shared unshared; do
     f="$DATA/snap-$sz-$v.pickle"
     if [ ! -s "$f" ]; then
       echo "== generating $f" >&2
@@ -85,7 +87,7 @@ max() { awk -v a="$1" -v b="$2" 'BEGIN { print (a == "" || b + 0 > a + 0) ? b : 
 rows=()
 status=0
 for sz in "${sizes[@]}"; do
-  for v in shared unshared; do
+  for v in real shared unshared; do
     f="$DATA/snap-$sz-$v.pickle"
     bytes=$(stat -c %s "$f")
     o_wall="" o_rss=""

@@ -385,3 +385,184 @@ fn a_record_given_up_leaves_no_mark_on_the_format_version() {
     assert_eq!(version(&with_action(true)), plain);
     assert!(!plain.contains("2.2") && !plain.contains("2.12"), "{plain}");
 }
+
+/// A frame dict: written in full the first time, referenced after.
+fn frame(w: &mut Writer, slots: &mut HashMap<usize, u32>, f: usize) {
+    if let Some(&s) = slots.get(&f) {
+        return w.get(s);
+    }
+    slots.insert(f, w.memo);
+    w.dict_open();
+    w.str("filename");
+    w.str(&format!("model_{}.py", f % 3));
+    w.str("line");
+    w.int(10 + f as i64);
+    w.str("name");
+    w.str(&format!("fn_{f}"));
+    w.b.push(b'u');
+}
+
+/// The entry torch ≥ 2.10 writes: a fresh memoized 'N/A' compile context and a fresh frames list per
+/// allocation, the free events naming the allocation's list by memo reference.
+fn torch_entry(
+    w: &mut Writer,
+    frame_slots: &mut HashMap<usize, u32>,
+    action: &str,
+    addr: i64,
+    frames: Result<&[usize], u32>,
+) -> (u32, Option<u32>) {
+    let slot = w.memo;
+    w.dict_open();
+    for (k, v) in [("action", action), ("addr", ""), ("size", ""), ("stream", ""), ("time_us", "")] {
+        w.str(k);
+        match k {
+            "action" => w.str(v),
+            "addr" => w.int(addr),
+            "size" => w.int(512),
+            "stream" => w.int(0),
+            _ => w.int(1_700_000_000_000_000 + addr),
+        }
+    }
+    w.str("compile_context");
+    w.raw(&[0x8c, 3]);
+    w.raw(b"N/A");
+    w.memoize();
+    w.str("user_metadata");
+    w.str("");
+    w.str("frames");
+    let list = match frames {
+        Ok(fs) => {
+            let list = w.memo;
+            w.list_open();
+            for &f in fs {
+                frame(w, frame_slots, f);
+            }
+            w.b.push(b'e');
+            Some(list)
+        }
+        Err(list) => {
+            w.get(list);
+            None
+        }
+    };
+    w.b.push(b'u');
+    (slot, list)
+}
+
+#[test]
+fn torch_entries_with_a_fresh_context_str_and_frames_list_read_back_through_their_layouts() {
+    // 300 allocations over 7 stacks, each freed (free_requested, free_completed) naming its list; then a second
+    // device lists three of the first device's entry dicts again by memo reference, which must find each one
+    // where the pickler stored it: the entry's slot first, then its 'N/A', then its frames list.
+    let stacks: Vec<Vec<usize>> = (0..7).map(|s| (0..(3 + s * 5)).map(|k| (s * 7 + k * 3) % 40).collect()).collect();
+    let mut w = Writer::new();
+    let mut frame_slots = HashMap::new();
+    w.dict_open();
+    w.str("device_traces");
+    w.list_open();
+    w.list_open();
+    let mut entry_slots = Vec::new();
+    let mut expect = Vec::new();
+    for i in 0..300usize {
+        if i > 0 && i % 300 == 0 {
+            w.raw(b"e(");
+        }
+        let s = (i * 5 + i / 11) % stacks.len();
+        let addr = 0x7f00_0000_0000 + i as i64 * 4096;
+        let (slot, list) = torch_entry(&mut w, &mut frame_slots, "alloc", addr, Ok(&stacks[s]));
+        entry_slots.push(slot);
+        expect.push((Action::Alloc, addr as u64, s));
+        for action in ["free_requested", "free_completed"] {
+            let (slot, _) = torch_entry(&mut w, &mut frame_slots, action, addr, Err(list.expect("a list")));
+            entry_slots.push(slot);
+            expect.push((Action::from_name(action), addr as u64, s));
+        }
+    }
+    w.raw(b"e");
+    w.list_open();
+    for k in [5usize, 600, 899] {
+        w.get(entry_slots[k]);
+    }
+    w.raw(b"eeu.");
+    let tl = read(&w.b);
+    let frames_of = |d: &DeviceTimeline, e: &oomdoc::timeline::Event| -> Vec<(String, i64)> {
+        let _ = d;
+        tl.stacks
+            .stack(e.stack)
+            .iter()
+            .map(|&f| {
+                let f = tl.stacks.frame(f);
+                (tl.str(f.name).to_string(), f.line)
+            })
+            .collect()
+    };
+    let want_frames =
+        |s: usize| -> Vec<(String, i64)> { stacks[s].iter().map(|&f| (format!("fn_{f}"), 10 + f as i64)).collect() };
+    let d0 = dev(&tl, 0);
+    assert_eq!(d0.events.len(), expect.len());
+    for (i, (e, &(action, addr, s))) in d0.events.iter().zip(&expect).enumerate() {
+        assert_eq!((e.action, e.addr), (action, addr), "entry {i}");
+        assert_eq!(frames_of(d0, e), want_frames(s), "entry {i}'s stack");
+        assert_eq!(tl.str(d0.attrs(e).compile_context), "N/A", "entry {i}");
+    }
+    let d1 = dev(&tl, 1);
+    assert_eq!(d1.events.len(), 3);
+    for (e, k) in d1.events.iter().zip([5usize, 600, 899]) {
+        assert_eq!((e.action, e.addr), (expect[k].0, expect[k].1), "device 1's copy of entry {k}");
+        assert_eq!(frames_of(d1, e), want_frames(expect[k].2));
+    }
+}
+
+#[test]
+fn a_frames_list_naming_its_own_entry_gets_the_generic_error_after_the_layout_is_known() {
+    // The 6th entry's frames list holds a reference to the entry itself (no pickler writes that): read through
+    // the learnt layout or not, it is the same error.
+    let build = |at: usize| {
+        let mut w = Writer::new();
+        let mut frame_slots = HashMap::new();
+        w.dict_open();
+        w.str("device_traces");
+        w.list_open();
+        w.list_open();
+        for i in 0..8usize {
+            let addr = 0x7f00_0000_0000 + i as i64 * 4096;
+            if i == at {
+                let own = w.memo;
+                w.dict_open();
+                w.str("action");
+                w.str("alloc");
+                w.str("addr");
+                w.int(addr);
+                w.str("size");
+                w.int(512);
+                w.str("stream");
+                w.int(0);
+                w.str("time_us");
+                w.int(1_700_000_000_000_000 + addr);
+                w.str("compile_context");
+                w.raw(&[0x8c, 3]);
+                w.raw(b"N/A");
+                w.memoize();
+                w.str("user_metadata");
+                w.str("");
+                w.str("frames");
+                w.list_open();
+                frame(&mut w, &mut frame_slots, 1);
+                w.get(own);
+                w.raw(b"eu");
+            } else {
+                torch_entry(&mut w, &mut frame_slots, "alloc", addr, Ok(&[1, 2, 3]));
+            }
+        }
+        w.raw(b"eeu.");
+        w.b
+    };
+    let message = |b: &[u8]| {
+        let e = snapshot::read(b, None).err().expect("an entry inside its own frames is an error").to_string();
+        // The offset and the entry's index differ with where the entry is; what is wrong must not.
+        e.replace(|c: char| c.is_ascii_digit(), "")
+    };
+    let first = message(&build(0));
+    assert!(first.contains("is a dict, expected a trace entry dict"), "{first}");
+    assert_eq!(message(&build(5)), first);
+}

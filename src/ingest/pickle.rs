@@ -528,6 +528,8 @@ struct Memo {
     /// The kind of the `Custom` values held in slots tagged `INLINE_A` (the first kind stored) and `INLINE_B`.
     inline_kind: Option<u8>,
     inline_kind_b: Option<u8>,
+    /// Index in `values` of the one `PendingDict` that the slots of records still being read point to.
+    pending_at: Option<u32>,
 }
 
 /// A slot's top two bits say what the rest is: an index into `values` (00), `Custom(inline_kind, id)` (01), an
@@ -624,21 +626,67 @@ impl Memo {
     /// a million entries then cost 4 bytes each here instead of 20.
     #[inline]
     fn push_custom(&mut self, kind: u8, id: u32) {
+        if let Some(s) = self.custom_slot(kind, id) {
+            self.push_slot(s);
+        }
+    }
+
+    /// The slot word for `Custom(kind, id)`: the value itself when it fits, else an index into `values`.
+    #[inline]
+    fn custom_slot(&mut self, kind: u8, id: u32) -> Option<u32> {
         let a = *self.inline_kind.get_or_insert(kind);
         if kind == a && id < INLINE_BIT {
-            return self.push_slot(INLINE_BIT | id);
+            return Some(INLINE_BIT | id);
         }
         let b = *self.inline_kind_b.get_or_insert(kind);
         if kind == b && id < SMALL_MAX {
-            return self.push_slot(INLINE_SMALL | id);
+            return Some(INLINE_SMALL | id);
         }
         if self.values.len() >= INLINE_BIT as usize {
             self.overflow = true;
-            return;
+            return None;
         }
         let at = self.values.len() as u32;
         self.values.push(Value::Custom(kind, id));
+        Some(at)
+    }
+
+    /// Takes the next slot for a record whose fields are still being read; [`Self::fill_pending`] gives it its
+    /// value. Meanwhile a reference to it reads a `PendingDict`, as it would on the ordinary path.
+    #[inline]
+    fn push_pending(&mut self) {
+        let at = match self.pending_at {
+            Some(at) => at,
+            None => {
+                if self.values.len() >= INLINE_BIT as usize {
+                    self.overflow = true;
+                    return;
+                }
+                self.values.push(Value::PendingDict(NO_SLOT));
+                let at = self.values.len() as u32 - 1;
+                self.pending_at = Some(at);
+                at
+            }
+        };
         self.push_slot(at);
+    }
+
+    #[inline]
+    fn fill_pending(&mut self, idx: u32, v: &Value) {
+        let word = match *v {
+            Value::Custom(kind, id) => self.custom_slot(kind, id),
+            _ => {
+                if self.values.len() >= INLINE_BIT as usize {
+                    self.overflow = true;
+                    return;
+                }
+                self.values.push(v.clone());
+                Some(self.values.len() as u32 - 1)
+            }
+        };
+        if let (Some(w), Some(s)) = (word, self.slots.get_mut(idx as usize)) {
+            *s = w;
+        }
     }
 
     #[inline]
@@ -675,6 +723,9 @@ impl Memo {
     fn rewind(&mut self, mark: (usize, usize)) {
         self.slots.truncate(mark.0);
         self.values.truncate(mark.1);
+        if self.pending_at.is_some_and(|at| at as usize >= mark.1) {
+            self.pending_at = None;
+        }
     }
 
     /// The values stored in dense slots from `from` on.
@@ -696,10 +747,9 @@ struct Machine<'b, B: Builder> {
     /// Work stack of the fast path (see `fast_container`).
     scratch: Vec<Value>,
     spans: SpanCache,
-    /// Lists of memo references already decoded, by their references (see `ref_list`).
-    refs: FxHashMap<Box<[u32]>, Value>,
+    /// Lists of memo references already decoded, by the bytes of their references (see `ref_list`).
+    refs: FxHashMap<Box<[u8]>, Value>,
     refs_len: usize,
-    ref_key: Vec<u32>,
     records: RecordShapes,
 }
 
@@ -723,8 +773,15 @@ struct SpanEntry {
 
 /// Caps what a hostile file can make the cache hold.
 const SPAN_CACHE_MAX_BYTES: usize = 64 << 20;
-/// Caps the memo references the list cache keeps (4 bytes each).
-const REF_CACHE_MAX_REFS: usize = 16 << 20;
+/// Caps the key bytes the list cache keeps.
+const REF_CACHE_MAX_BYTES: usize = 64 << 20;
+/// The bytes a memo reference takes, by opcode (BINGET, LONG_BINGET); 0 for any other opcode.
+const REF_WIDTH: [u8; 256] = {
+    let mut t = [0u8; 256];
+    t[b'h' as usize] = 2;
+    t[b'j' as usize] = 5;
+    t
+};
 
 /// What `Machine::ref_list` found after an EMPTY_LIST.
 enum RefList {
@@ -732,8 +789,8 @@ enum RefList {
     No,
     /// One whose references made this value before: stored and consumed.
     Known(Value),
-    /// One not seen before: read it, then `remember_refs`.
-    New,
+    /// One not seen before: read it, then `remember_refs` its key bytes (this range of the buffer).
+    New(std::ops::Range<usize>),
 }
 const SPAN_MAX_LEN: usize = 16 << 10;
 
@@ -854,7 +911,6 @@ pub fn read<R: Read, B: Builder>(
         spans: SpanCache::default(),
         refs: FxHashMap::default(),
         refs_len: 0,
-        ref_key: Vec::new(),
         records: RecordShapes::default(),
     };
     let value = m.run(&mut input)?;
@@ -1189,7 +1245,8 @@ impl<B: Builder> Machine<'_, B> {
         let mut first = true;
         loop {
             let mut cur = Cursor { buf: &input.buf[input.pos..input.end], pos: 0 };
-            let Some(v) = self.known_record(&mut cur) else {
+            let base = input.offset();
+            let Some(v) = self.known_record(&mut cur, 0, base)? else {
                 if first {
                     return Ok(false);
                 }
@@ -1259,7 +1316,7 @@ impl<B: Builder> Machine<'_, B> {
         // A layout holds its keys as they were when it was learnt: once a memo slot has been stored twice, a key's
         // memo reference may mean another key, so layouts are no longer trusted.
         if is_dict && !self.memo.overwritten && self.records.worth_trying() {
-            if let Some(v) = self.known_record(cur) {
+            if let Some(v) = self.known_record(cur, depth, base)? {
                 return Ok(Some(v));
             }
         }
@@ -1437,10 +1494,10 @@ impl<B: Builder> Machine<'_, B> {
         let refs = if op == b']' && !self.memo.overwritten { self.ref_list(cur) } else { RefList::No };
         let refs_key = match refs {
             RefList::Known(v) => return Ok(Some(v)),
-            RefList::New => true,
-            RefList::No => false,
+            RefList::New(key) => Some(key),
+            RefList::No => None,
         };
-        let span = if self.memo.overwritten || refs_key { None } else { pure_span_end(cur.buf, start) };
+        let span = if self.memo.overwritten || refs_key.is_some() { None } else { pure_span_end(cur.buf, start) };
         if let Some(end) = span {
             if let Some(&i) = self.spans.index.get(&cur.buf[start..end]) {
                 let e = &self.spans.entries[i as usize];
@@ -1453,8 +1510,8 @@ impl<B: Builder> Machine<'_, B> {
         let Some(v) = self.fast_body(cur, op == b'}', depth + 1, base)? else {
             return Ok(None);
         };
-        if refs_key {
-            self.remember_refs(&v);
+        if let Some(key) = refs_key {
+            self.remember_refs(&cur.buf[key], &v);
         } else if let Some(end) = span.filter(|&e| e == cur.pos) {
             self.remember_span(&cur.buf[start..end], &v, memo_mark);
         }
@@ -1462,61 +1519,56 @@ impl<B: Builder> Machine<'_, B> {
     }
 
     /// Just after an EMPTY_LIST: a list stored in the next memo slot whose items are only memo references,
-    /// `MEMOIZE ( h|j … e` or `MEMOIZE h|j a`. Its references are collected in `ref_key`; when the same references
-    /// made a value before, that value is stored in the list's slot and the list consumed (`Known`); `New` leaves
-    /// the list to be read and its value to `remember_refs`. The value of a list of references is a function of
-    /// the references alone while no memo slot is stored twice and the builder calls it pure.
+    /// `MEMOIZE ( h|j … e` or `MEMOIZE h|j a`. When the same bytes made a value before, that value is stored in
+    /// the list's slot and the list consumed (`Known`); `New` gives where its key bytes are in `cur.buf`, to
+    /// `remember_refs` once the list is read. The value of a list of references is a function of the references
+    /// alone while no memo slot is stored twice and the builder calls it pure; equal bytes are equal references.
+    #[inline]
     fn ref_list(&mut self, cur: &mut Cursor) -> RefList {
         let buf = cur.buf;
-        let mut p = cur.pos;
-        match buf.get(p) {
-            Some(0x94) => p += 1,
-            _ => return RefList::No,
+        let start = cur.pos;
+        if buf.get(start) != Some(&0x94) {
+            return RefList::No;
         }
-        let marked = match buf.get(p) {
-            Some(b'(') => {
-                p += 1;
-                true
-            }
+        let marked = match buf.get(start + 1) {
+            Some(b'(') => true,
             Some(b'h' | b'j') => false,
             _ => return RefList::No,
         };
-        self.ref_key.clear();
-        loop {
+        let mut p = start + 1 + marked as usize;
+        // The references are walked, not decoded: their bytes are the key. (A branch per opcode beats a table of
+        // widths here: the branches predict well, a table load sits on the chain from one reference to the next.)
+        let end = loop {
             match buf.get(p) {
-                Some(b'h') => {
-                    let Some(&i) = buf.get(p + 1) else { return RefList::No };
-                    self.ref_key.push(u32::from(i));
-                    p += 2;
-                }
-                Some(b'j') => {
-                    let Some(b) = buf.get(p + 1..p + 5) else { return RefList::No };
-                    self.ref_key.push(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                    p += 5;
-                }
-                Some(b'e') if marked => break,
-                Some(b'a') if !marked && self.ref_key.len() == 1 => break,
-                _ => return RefList::No,
+                Some(b'h') => p += 2,
+                Some(b'j') => p += 5,
+                _ => break p,
             }
+        };
+        match buf.get(end) {
+            Some(b'e') if marked => {}
+            Some(b'a') if !marked && end == start + 1 + REF_WIDTH[buf[start + 1] as usize] as usize => {}
+            _ => return RefList::No,
         }
-        match self.refs.get(self.ref_key.as_slice()) {
+        let key = start..end + 1;
+        match self.refs.get(&buf[key.clone()]) {
             Some(v) => {
                 let v = v.clone();
                 self.memo.push(v.clone());
-                cur.pos = p + 1;
+                cur.pos = key.end;
                 RefList::Known(v)
             }
-            None => RefList::New,
+            None => RefList::New(key),
         }
     }
 
-    /// Keeps the value a list of references (`ref_key`) made, when the builder calls it pure, within a budget a
-    /// hostile file cannot blow.
-    fn remember_refs(&mut self, v: &Value) {
+    /// Keeps the value a list of references (`key`, its bytes) made, when the builder calls it pure, within a
+    /// budget a hostile file cannot blow.
+    fn remember_refs(&mut self, key: &[u8], v: &Value) {
         let pure = matches!(v, Value::Custom(kind, _) if self.builder.is_pure(*kind));
-        if pure && self.refs_len + self.ref_key.len() <= REF_CACHE_MAX_REFS {
-            self.refs_len += self.ref_key.len();
-            self.refs.insert(self.ref_key.as_slice().into(), v.clone());
+        if pure && self.refs_len + key.len() <= REF_CACHE_MAX_BYTES {
+            self.refs_len += key.len();
+            self.refs.insert(key.into(), v.clone());
         }
     }
 
@@ -1540,8 +1592,13 @@ impl<B: Builder> Machine<'_, B> {
         let mut layout = std::mem::take(&mut self.records.learning);
         layout.clear();
         let mut fixed = self.records.learnable();
+        // Where a nested value began (its opening opcode), while it is the last value read.
+        let mut tail: Option<(StrId, usize)> = None;
         let outcome = loop {
             let Some(op) = cur.next() else { break Record::GiveUp };
+            if tail.is_some() && op != b'u' {
+                fixed = false;
+            }
             let key = match op {
                 b'u' if fields > 0 => break Record::Done(Value::None),
                 b'h' | b'j' => {
@@ -1596,7 +1653,10 @@ impl<B: Builder> Machine<'_, B> {
                     }
                 }
                 b'}' | b']' if depth < 2 => {
-                    fixed = false;
+                    if tail.is_some() {
+                        fixed = false;
+                    }
+                    tail = Some((key, cur.pos - body_start));
                     match self.fast_nested(cur, op, depth, base)? {
                         Some(v) => self.builder.record_field(key, &v),
                         None => false,
@@ -1606,7 +1666,11 @@ impl<B: Builder> Machine<'_, B> {
                     let Some(mut v) = fast_scalar(cur, op, &mut self.strings) else {
                         break Record::GiveUp;
                     };
-                    match Arg::of_scalar(op, cur.pos - body_start - at) {
+                    let arg = match (op, &v) {
+                        (0x8c, &Value::Str(id)) => Some(Arg::Str { id, memo: cur.peek() == Some(0x94) }),
+                        _ => Arg::of_scalar(op, cur.pos - body_start - at),
+                    };
+                    match arg {
                         Some(arg) => layout.push(Field { key, at: at as u32, arg }),
                         None => fixed = false,
                     }
@@ -1629,7 +1693,10 @@ impl<B: Builder> Machine<'_, B> {
                             _ => Value::Tuple(Rc::new(Tuple { depth: 1, items: vec![v, second] })),
                         };
                     }
-                    if matches!(cur.peek(), Some(0x94 | b'q' | b'r')) {
+                    if matches!(cur.peek(), Some(b'q' | b'r'))
+                        || (cur.peek() == Some(0x94)
+                            && !matches!(layout.last(), Some(f) if f.at as usize == at && matches!(f.arg, Arg::Str { .. })))
+                    {
                         fixed = false;
                     }
                     self.memo_store(cur, &v) && self.builder.record_field(key, &v)
@@ -1643,7 +1710,13 @@ impl<B: Builder> Machine<'_, B> {
             Record::Done(_) => match self.builder.record_end() {
                 Some(v) => {
                     if fixed && !self.memo.overwritten {
-                        self.records.learn(&cur.buf[body_start..cur.pos], first_key, &layout);
+                        match tail {
+                            // The layout runs through the tail's opening opcode.
+                            Some((key, at)) => {
+                                self.records.learn(&cur.buf[body_start..body_start + at], first_key, &layout, Some(key))
+                            }
+                            None => self.records.learn(&cur.buf[body_start..cur.pos], first_key, &layout, None),
+                        }
                     }
                     Record::Done(v)
                 }
@@ -1656,11 +1729,12 @@ impl<B: Builder> Machine<'_, B> {
     }
 
     /// A record whose bytes match a layout learnt from an earlier one (see [`RecordShapes`]): its fields are read
-    /// at their known offsets and sent to the builder. `None` (nothing consumed) if no layout matches or the
-    /// builder refuses a field; the ordinary path then reads the record.
-    fn known_record(&mut self, cur: &mut Cursor) -> Option<Value> {
+    /// at their known offsets and sent to the builder, then its tail, if its layout has one, the ordinary way.
+    /// `None` (nothing consumed, nothing stored) if no layout matches or the record cannot be finished here; the
+    /// ordinary path then reads it. `depth` and `base` are as for [`Self::fast_body`].
+    fn known_record(&mut self, cur: &mut Cursor, depth: u32, base: u64) -> Result<Option<Value>, PickleError> {
         let rest = &cur.buf[cur.pos..];
-        let i = self.records.matching(rest)?;
+        let Some(i) = self.records.matching(rest) else { return Ok(None) };
         let shape = &self.records.shapes[i];
         let slot = match shape.slot {
             Slot::None => None,
@@ -1669,8 +1743,28 @@ impl<B: Builder> Machine<'_, B> {
             Slot::Put4 => Some(u32::from_le_bytes([rest[1], rest[2], rest[3], rest[4]])),
         };
         if slot.is_some_and(|s| s as usize != self.memo.dense_len()) || !self.builder.record_begin(shape.first_key) {
-            return None;
+            return Ok(None);
         }
+        if !shape.stores {
+            return Ok(self.known_fixed_record(cur, i, slot.is_some()));
+        }
+        let memo_mark = self.memo.mark();
+        let builder_mark = self.builder.mark();
+        let scratch_mark = self.scratch.len();
+        let v = self.known_storing_record(cur, i, slot, depth, base);
+        if !matches!(v, Ok(Some(_))) {
+            self.memo.rewind(memo_mark);
+            self.builder.rewind(builder_mark);
+            self.scratch.truncate(scratch_mark);
+        }
+        v
+    }
+
+    /// A known record that stores nothing in the memo but (with `stored`) itself, in the next slot.
+    #[inline]
+    fn known_fixed_record(&mut self, cur: &mut Cursor, i: usize, stored: bool) -> Option<Value> {
+        let rest = &cur.buf[cur.pos..];
+        let shape = &self.records.shapes[i];
         for f in shape.fields.iter() {
             let at = f.at as usize;
             let v = match f.arg {
@@ -1695,7 +1789,7 @@ impl<B: Builder> Machine<'_, B> {
             }
         }
         let v = self.builder.record_end()?;
-        if slot.is_some() {
+        if stored {
             match v {
                 Value::Custom(kind, id) => self.memo.push_custom(kind, id),
                 _ => self.memo.push(v.clone()),
@@ -1704,6 +1798,74 @@ impl<B: Builder> Machine<'_, B> {
         cur.pos += shape.len;
         self.records.hit(i);
         Some(v)
+    }
+
+    /// A known record that stores values of its own after its slot: a memoized str, its tail. The caller undoes
+    /// what it stored when it gives up.
+    fn known_storing_record(
+        &mut self,
+        cur: &mut Cursor,
+        i: usize,
+        slot: Option<u32>,
+        depth: u32,
+        base: u64,
+    ) -> Result<Option<Value>, PickleError> {
+        if slot.is_some() {
+            self.memo.push_pending();
+        }
+        let rest = &cur.buf[cur.pos..];
+        let shape = &self.records.shapes[i];
+        for f in shape.fields.iter() {
+            let at = f.at as usize;
+            let v = match f.arg {
+                Arg::Ref1 | Arg::Ref4 => {
+                    let idx = f.arg.memo_index(rest, at);
+                    match self.memo.dense_get(idx).as_deref() {
+                        Some(Value::PendingDict(_) | Value::PendingList(_)) | None => return Ok(None),
+                        Some(v) => {
+                            if !self.builder.record_field(f.key, v) {
+                                return Ok(None);
+                            }
+                            continue;
+                        }
+                    }
+                }
+                Arg::Str { id, memo } => {
+                    if memo {
+                        self.memo.push(Value::Str(id));
+                    }
+                    Value::Str(id)
+                }
+                arg => match arg.value(rest, at) {
+                    Some(v) => v,
+                    None => return Ok(None),
+                },
+            };
+            if !self.builder.record_field(f.key, &v) {
+                return Ok(None);
+            }
+        }
+        let (len, tail) = (shape.len, shape.tail);
+        if let Some(key) = tail {
+            if depth >= 2 {
+                return Ok(None);
+            }
+            let mut c = Cursor { buf: cur.buf, pos: cur.pos + len };
+            let op = c.buf[c.pos - 1];
+            let Some(v) = self.fast_nested(&mut c, op, depth, base)? else { return Ok(None) };
+            if !self.builder.record_field(key, &v) || c.next() != Some(b'u') {
+                return Ok(None);
+            }
+            cur.pos = c.pos;
+        } else {
+            cur.pos += len;
+        }
+        let Some(v) = self.builder.record_end() else { return Ok(None) };
+        if let Some(slot) = slot {
+            self.memo.fill_pending(slot, &v);
+        }
+        self.records.hit(i);
+        Ok(Some(v))
     }
 
     /// Stores `v` in the memo if a memo opcode follows; `false` if it names a slot out of order.
@@ -1968,6 +2130,11 @@ struct Shape {
     slot: Slot,
     first_key: StrId,
     fields: Box<[Field]>,
+    /// The key of a last value that varies in length (a trace entry's fresh `frames` list): the layout ends with
+    /// its opening opcode, and the record's SETITEMS follows the value.
+    tail: Option<StrId>,
+    /// The record stores something in the memo besides itself (a memoized str, the tail), after its own slot.
+    stores: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -2002,6 +2169,12 @@ enum Arg {
     None,
     True,
     False,
+    /// A str whose bytes are part of the layout (torch's fresh `'N/A'` compile context per entry); with `memo`,
+    /// a MEMOIZE follows it, also part of the layout, storing it in the next slot.
+    Str {
+        id: StrId,
+        memo: bool,
+    },
 }
 
 impl Arg {
@@ -2045,6 +2218,7 @@ impl Arg {
             Arg::None => Value::None,
             Arg::True => Value::Bool(true),
             Arg::False => Value::Bool(false),
+            Arg::Str { id, .. } => Value::Str(id),
             Arg::Ref1 | Arg::Ref4 => return None,
         })
     }
@@ -2067,7 +2241,7 @@ impl Arg {
             Arg::I32 | Arg::Ref4 => 0..4,
             Arg::Long(n) => 1..1 + n as usize,
             Arg::F64 => 0..8,
-            Arg::None | Arg::True | Arg::False => 0..0,
+            Arg::None | Arg::True | Arg::False | Arg::Str { .. } => 0..0,
         }
     }
 }
@@ -2116,7 +2290,7 @@ impl RecordShapes {
         first_match(&self.shapes, self.last, rest)
     }
 
-    fn learn(&mut self, bytes: &[u8], first_key: StrId, fields: &[Field]) {
+    fn learn(&mut self, bytes: &[u8], first_key: StrId, fields: &[Field], tail: Option<StrId>) {
         if bytes.len() > MAX_SHAPE_LEN || self.shapes.len() >= MAX_SHAPES {
             return;
         }
@@ -2144,7 +2318,9 @@ impl RecordShapes {
         if self.shapes.iter().any(|s| s.mask == mask && s.bytes == bytes_w) {
             return;
         }
-        self.shapes.push(Shape { bytes: bytes_w, mask, len: bytes.len(), slot, first_key, fields: fields.into() });
+        let stores = tail.is_some() || fields.iter().any(|f| matches!(f.arg, Arg::Str { memo: true, .. }));
+        let fields = fields.into();
+        self.shapes.push(Shape { bytes: bytes_w, mask, len: bytes.len(), slot, first_key, fields, tail, stores });
     }
 }
 

@@ -1,0 +1,75 @@
+//! The speed bench must be measured on files shaped like the ones torch writes: `bench/gen_bench_snapshot.py
+//! --variant real` is checked here against the figures of the real snapshots in `fixtures/real/` (lists of frames
+//! per trace entry, bytes per entry, the key set), computed by the generator's `--stats`, which computes them
+//! as `../shared/tools/snapshot-stats.py` does.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn stats(file: &Path) -> Value {
+    let out = Command::new("python3")
+        .args(["bench/gen_bench_snapshot.py", "--stats"])
+        .arg(file)
+        .output()
+        .expect("python3 runs");
+    assert!(out.status.success(), "--stats {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("--stats prints JSON")
+}
+
+fn figure(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or_else(|| panic!("no {key} in {v}"))
+}
+
+#[test]
+fn the_real_variant_has_the_statistics_of_real_snapshots() {
+    // The range over the real traces long enough to have a shape (1000+ entries).
+    let mut lists = (f64::MAX, f64::MIN);
+    let mut bytes = (f64::MAX, f64::MIN);
+    let mut measured = 0;
+    for e in std::fs::read_dir("fixtures/real").expect("fixtures/real") {
+        let path = e.expect("entry").path();
+        if path.extension().is_none_or(|x| x != "pickle") {
+            continue;
+        }
+        let s = stats(&path);
+        if s["entries"].as_u64().unwrap_or(0) < 1000 {
+            continue;
+        }
+        let (l, b) = (figure(&s, "lists_per_entry"), figure(&s, "bytes_per_entry"));
+        lists = (lists.0.min(l), lists.1.max(l));
+        bytes = (bytes.0.min(b), bytes.1.max(b));
+        measured += 1;
+    }
+    assert!(measured >= 15, "only {measured} real traces of 1000+ entries");
+    // What ../shared/tools/snapshot-stats.py printed for one of them: the two computations agree.
+    let one = stats(Path::new("fixtures/real/cs336-bcrafton-t210.pickle"));
+    assert_eq!((figure(&one, "lists_per_entry"), figure(&one, "bytes_per_entry")), (0.667, 195.9));
+
+    let file = std::env::temp_dir().join(format!("oomdoc-bench-real-{}.pickle", std::process::id()));
+    let gen = Command::new("python3")
+        .args(["bench/gen_bench_snapshot.py", "--variant", "real", "--entries", "20000", "-o"])
+        .arg(&file)
+        .output()
+        .expect("python3 runs");
+    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    let s = stats(&file);
+    let (l, b) = (figure(&s, "lists_per_entry"), figure(&s, "bytes_per_entry"));
+    assert!(lists.0 <= l && l <= lists.1, "lists per entry {l}, real files {lists:?}");
+    assert!(bytes.0 <= b && b <= bytes.1, "bytes per entry {b}, real files {bytes:?}");
+    // The key set torch ≥ 2.10 writes.
+    let keys: Vec<&str> = s["keys"].as_array().expect("keys").iter().filter_map(Value::as_str).collect();
+    assert_eq!(keys, ["action", "addr", "compile_context", "frames", "size", "stream", "time_us", "user_metadata"]);
+    // Stacks as deep as real ones (real medians: 31–37 frames), and more than a handful of them.
+    let depth = figure(&s, "depth_median");
+    assert!((20.0..=45.0).contains(&depth), "median depth {depth}");
+    assert!(s["distinct_stacks"].as_u64().unwrap_or(0) >= 100, "{s}");
+    // oomdoc reads every entry of it.
+    let tl = oomdoc::ingest::snapshot::read(&std::fs::read(&file).expect("read")[..], None)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .timeline;
+    let events: usize = tl.devices.iter().map(|d| d.events.len()).sum();
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(events, 20000);
+}
