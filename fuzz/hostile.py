@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hostile inputs of about 1 MiB each, the worst shapes found for time and memory while fuzzing and reading the
 readers: each must be read (or refused) in well under a second and in no more than about 64× its size.
-tests/bad_input.rs runs every one under an address-space limit; bench/hostile.sh times them.
+tests/it/bad_input.rs runs every one under an address-space limit; bench/hostile.sh times them.
 
     python3 fuzz/hostile.py OUT_DIR
 """

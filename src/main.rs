@@ -156,7 +156,7 @@ struct ExplainArgs {
 
 fn main() -> ExitCode {
     install_panic_hook();
-    // How the tests see the hook at work (tests/bad_input.rs).
+    // How the tests see the hook at work (tests/it/bad_input.rs).
     if std::env::var_os("OOMDOC_TEST_PANIC").is_some() {
         panic!("OOMDOC_TEST_PANIC is set");
     }

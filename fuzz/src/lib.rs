@@ -1,5 +1,5 @@
 //! What each fuzz target does with its bytes. The targets in `fuzz_targets/` are one line each; this file is also
-//! compiled into the main crate's tests (`tests/bad_input.rs` includes it), so every input in `fuzz/regressions/`
+//! compiled into the main crate's tests (`tests/it/bad_input.rs` includes it), so every input in `fuzz/regressions/`
 //! is replayed by `cargo test` through exactly the code the fuzzer ran. Only the library's public API is used here.
 //!
 //! A target must never panic, whatever the bytes: an `Err` is the right answer to bad input.

@@ -1,7 +1,7 @@
 //! The same snapshot written four ways — frames shared through the memo (as torch writes them) or fresh objects
 //! per trace entry (the span cache's case), pickle protocols 2, 4 and 5 — must give identical reports.
 
-mod common;
+use crate::common;
 
 use serde_json::Value;
 

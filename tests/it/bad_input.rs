@@ -1,6 +1,6 @@
 //! Bad input gets one clear line on stderr and exit code 2: never a panic, never a backtrace, never code run.
 
-mod common;
+use crate::common;
 
 use common::{oomdoc, stderr, TempFile};
 
@@ -163,7 +163,7 @@ fn list_and_dict_opcodes_with_items_are_read_not_panicked_on() {
     }
 }
 
-#[path = "../fuzz/src/lib.rs"]
+#[path = "../../fuzz/src/lib.rs"]
 #[allow(dead_code)]
 mod fuzz_targets;
 

@@ -1,6 +1,6 @@
 //! The command line end to end: commands, options, exit codes, the JSON contract.
 
-mod common;
+use crate::common;
 
 use common::{oomdoc, stderr, stdout, TempFile};
 

@@ -1,7 +1,7 @@
 //! Nsight Systems stats and Nsight Compute CSV readers: every real file under `fixtures/real/{nsys,ncu}` parses and
 //! what was read is pinned; hand-made fixtures (`fixtures/profilers/`) cover the layouts no real file shows.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

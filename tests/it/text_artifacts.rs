@@ -1,7 +1,7 @@
 //! `oomdoc analyze` on what else a failed job leaves: training logs with the OOM message, vLLM logs, nvidia-smi
 //! logs — alone and joined with the snapshot of the same run, on one clock.
 
-mod common;
+use crate::common;
 
 use common::{oomdoc, stderr, stdout};
 use serde_json::Value;

@@ -3,7 +3,7 @@
 //! Nsight Compute, all-reduces per optimizer step and micro-batch from an nsys GPU trace, allocator churn from the
 //! CUDA API summary.
 
-mod common;
+use crate::common;
 
 use common::{oomdoc, rules_fired, stderr, stdout};
 use serde_json::Value;

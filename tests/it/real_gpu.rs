@@ -1,7 +1,7 @@
 //! Real failures captured on a real H100 with known causes (fixtures/real-gpu/, made by fixtures/capture/):
 //! each must read, show the OOM the job's own stderr reports, and give the findings its cause calls for.
 
-mod common;
+use crate::common;
 
 use common::{oomdoc, stderr};
 use serde_json::Value;
@@ -118,7 +118,7 @@ fn ddp_accumulation_without_no_sync_leaves_no_trace_in_a_one_rank_snapshot() {
     // One rank, NCCL: the all-reduce runs in place on DDP's bucket from the C++ reducer, so its allocations are the
     // same with and without no_sync (the runs differ only in when DDP rebuilt its buckets). The snapshot holds no
     // evidence either way and missing-no-sync stays silent on both; an Nsight Systems trace shows it (see
-    // tests/profile_findings.rs). What the snapshot does show, right: 4 micro-batches per step, DDP's buckets.
+    // tests/it/profile_findings.rs). What the snapshot does show, right: 4 micro-batches per step, DDP's buckets.
     for s in ["ddp-without-no-sync", "ddp-no-sync"] {
         let v = analyze(s);
         assert_eq!(common::rules_fired(&v), Vec::<String>::new(), "{s}");

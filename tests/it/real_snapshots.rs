@@ -2,7 +2,7 @@
 //! must load, and per device its totals must equal the values `fixtures/real/compute_expected.py` computed
 //! independently with Python's own `pickle.load`.
 
-mod common;
+use crate::common;
 
 use oomdoc::analysis::{analyze, categories::Categorizer, At, Options};
 use oomdoc::timeline::replay::{Replay, State};

@@ -2,7 +2,7 @@
 //! parameter counts from real config.json files, the solver's proposals for the three documented scenarios, the
 //! JSON contract, errors, and predicted-vs-measured on a real snapshot.
 
-mod common;
+use crate::common;
 
 use clap::Parser;
 use common::{oomdoc, stderr, stdout, TempFile};

@@ -3,7 +3,7 @@
 //! simulator on every device, at the end and at the OOM; and the checklist must say exactly what each rule
 //! scenario was built to show.
 
-mod common;
+use crate::common;
 
 use serde_json::Value;
 
@@ -185,16 +185,16 @@ fn each_rule_fires_on_its_scenarios_and_stays_silent_on_the_near_misses() {
 const NEEDS_MORE_THAN_A_SNAPSHOT: &[(&str, &str, &[&str])] = &[
     (
         "budget-overrun",
-        "tests/budget.rs",
+        "tests/it/budget.rs",
         &[
             "budget_overrun_flags_activations_when_checkpointing_was_assumed",
             "predicted_vs_measured_on_a_real_snapshot",
         ],
     ),
-    ("device-imbalance", "tests/verdict.rs", &["class_1_one_gpu_full_of_activations_beside_two_that_are_not"]),
+    ("device-imbalance", "tests/it/verdict.rs", &["class_1_one_gpu_full_of_activations_beside_two_that_are_not"]),
     (
         "kernel-bound",
-        "tests/profile_findings.rs",
+        "tests/it/profile_findings.rs",
         &["ncu_one_memory_bound_one_compute_bound_kernel", "kernel_thresholds_live_in_the_rule_file"],
     ),
 ];

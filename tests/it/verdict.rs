@@ -2,7 +2,7 @@
 //! the memory, and the causes ranked by the memory they explain. The five failure classes that went unanswered
 //! (fixtures/generated/verdict/, written by fixtures/gen_snapshots.py) each fire, and each near miss stays silent.
 
-mod common;
+use crate::common;
 
 use common::{oomdoc, rules_fired, stderr, stdout};
 use serde_json::Value;

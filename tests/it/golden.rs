@@ -1,7 +1,7 @@
 //! Golden reports: text, markdown and JSON on real snapshots and on generated fixtures of every shape.
 //! Review changes with `cargo insta review` (or INSTA_UPDATE=always cargo test, then read the diff).
 
-mod common;
+use crate::common;
 
 fn report(file: &str, format: &str) -> String {
     let o = common::oomdoc(&["analyze", file, "--format", format, "--top", "5"]);

@@ -5,7 +5,7 @@
 //! allocator freeing its cache once to retry a cudaMalloc inside one training step), then a refill: once, not
 //! churn. segment-churn now counts the cycles of emptying and refilling (sqattn: 27, selectn: 39).
 
-mod common;
+use crate::common;
 
 /// (file, rule, severity, why it is right)
 const EXPECTED: &[(&str, &str, &str, &str)] = &[

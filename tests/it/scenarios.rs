@@ -5,9 +5,9 @@
 //! for the half the rules were tuned on and the half only reported on; the reported half must reach 0.95 on both,
 //! and no healthy control may get a warning.
 //!
-//!     cargo test --release --test scenarios -- --nocapture     # the table
+//!     cargo test --release --test it scenarios -- --nocapture     # the table
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

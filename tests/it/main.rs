@@ -1,0 +1,28 @@
+//! Every integration test, in one crate: one binary to build and link instead of one per file. A module per
+//! subject; `common` holds what they share (the binary's path, fixtures, temporary files).
+//!
+//!     cargo test                          # all of them
+//!     cargo test --test it golden         # one module (any filter on test names works)
+
+mod common;
+
+mod bad_input;
+mod bench_generator;
+mod budget;
+mod cli;
+mod generated_fixtures;
+mod golden;
+mod nsys_sqlite;
+mod nvidia_smi;
+mod oom_messages;
+mod pickle_variants;
+mod profile_findings;
+mod profilers;
+mod real_findings;
+mod real_gpu;
+mod real_snapshots;
+mod record_layouts;
+mod scenarios;
+mod text_artifacts;
+mod tui_screens;
+mod verdict;
