@@ -9,8 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use oomdoc::analysis::{self, categories::Categorizer, Options};
-use oomdoc::rules::{sort_findings, RuleSet};
+use oomdoc::job::{Job, JobOptions};
 use oomdoc::tui::app::{Action, Jump};
 use oomdoc::tui::{view, App};
 use ratatui::backend::TestBackend;
@@ -25,20 +24,16 @@ fn main() {
         eprintln!("tui_cursor: {path} not found; write it with `bench/run.sh 1m` (or pass a snapshot path)");
         return;
     }
+    // The job `oomdoc tui` runs: read, then analyse keeping the replays the app browses.
     let t = Instant::now();
-    let tl = oomdoc::ingest::load(std::path::Path::new(&path), false).expect("snapshot loads");
+    let mut options = JobOptions::new([&path]);
+    options.keep_replays = true;
+    let job = Job::read(&options).expect("snapshot loads");
     let parse = t.elapsed();
-    let events: usize = tl.devices.iter().map(|d| d.events.len()).sum();
+    let events: usize = job.timelines.iter().flat_map(|tl| &tl.devices).map(|d| d.events.len()).sum();
 
     let t = Instant::now();
-    let cats = Categorizer::builtin();
-    let mut a = analysis::analyze(&tl, &Options::default(), &cats).expect("analyses");
-    let rules = RuleSet::builtin();
-    for d in &a.devices {
-        a.findings.extend(rules.evaluate(Some(d.device), &d.facts));
-    }
-    sort_findings(&mut a.findings);
-    let mut app = App::new(&tl, &a, &cats, path.clone());
+    let mut app = App::new(job.analyse_first().expect("analyses"), &job.checklist.categories, path.clone());
     let mut term = Terminal::new(TestBackend::new(160, 48)).unwrap();
     term.draw(|f| view::draw(f, &app)).unwrap();
     let first = t.elapsed();
@@ -105,7 +100,7 @@ fn main() {
         ],
     ));
     println!("\nworst cursor move {:.2} ms (target < 50 ms)", ms(worst));
-    std::mem::forget(tl);
+    std::mem::forget(job);
 }
 
 fn ms(d: Duration) -> f64 {

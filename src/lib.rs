@@ -7,6 +7,7 @@ pub mod analysis;
 pub mod budget;
 pub mod huge_pages;
 pub mod ingest;
+pub mod job;
 pub mod report;
 pub mod rules;
 pub mod timeline;

@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 
 use oomdoc::analysis::{self, categories::Categorizer, Options};
 use oomdoc::ingest::{self, pickle, snapshot, Kind, LoadOptions};
+use oomdoc::job::{Checklist, Job, JobOptions};
 use oomdoc::report::{self, Format};
 use oomdoc::rules::{self, RuleSet};
 use oomdoc::timeline::Timeline;
@@ -18,20 +19,29 @@ fn text(data: &[u8]) -> String {
     String::from_utf8_lossy(data).into_owned()
 }
 
-fn builtin() -> &'static (RuleSet, Categorizer) {
-    static B: OnceLock<(RuleSet, Categorizer)> = OnceLock::new();
-    B.get_or_init(|| (RuleSet::builtin(), Categorizer::builtin()))
+fn checklist() -> &'static Checklist {
+    static B: OnceLock<Checklist> = OnceLock::new();
+    B.get_or_init(Checklist::builtin)
 }
 
-/// Analyses, runs the checklist and renders every format, as `oomdoc analyze` does.
-fn analyse_and_render(tl: &Timeline) {
-    let (rules, cats) = builtin();
-    for at in [analysis::At::Auto, analysis::At::End] {
-        let opts = Options { at, top: 5, device: None, gpu_memory: Some(80 << 30) };
-        let Ok(mut a) = analysis::analyze(tl, &opts, cats) else { continue };
-        rules.apply(&mut a);
+/// The job pipeline on a timeline, at two moments, and every report format, as `oomdoc analyze` runs them.
+fn analyse_and_render(tl: Timeline) {
+    let mut options = JobOptions {
+        analysis: Options { top: 5, gpu_memory: Some(80 << 30), ..Options::default() },
+        ..JobOptions::default()
+    };
+    let Ok(job) = Job::of_timelines(vec![tl], checklist().clone(), &options) else { return };
+    render_all(&job);
+    options.analysis.at = analysis::At::End;
+    let Ok(job) = Job::of_timelines(job.timelines, checklist().clone(), &options) else { return };
+    render_all(&job);
+}
+
+fn render_all(job: &Job) {
+    for analysed in job.analyse() {
+        let Ok(a) = analysed else { continue };
         for f in [Format::Text, Format::Markdown, Format::Json] {
-            std::hint::black_box(report::render(f, &a, tl, true));
+            std::hint::black_box(report::render(f, &a.analysis, a.timeline, true));
         }
     }
 }
@@ -44,7 +54,7 @@ pub fn pickle(data: &[u8]) {
 /// A snapshot read through the snapshot builder (records, known layouts), then the whole analysis.
 pub fn snapshot(data: &[u8]) {
     if let Ok(s) = snapshot::read_sized(Cursor::new(data), data.len() as u64, None) {
-        analyse_and_render(&s.timeline);
+        analyse_and_render(s.timeline);
     }
 }
 
@@ -182,11 +192,11 @@ pub fn job(data: &[u8]) {
         _ => None,
     };
     paths.extend(beside);
-    let opts = LoadOptions { kind: None, strict: pick & 0x80 != 0, ..LoadOptions::default() };
-    if let Ok(tls) = ingest::load_job(&paths, &opts) {
-        for tl in &tls {
-            analyse_and_render(tl);
-        }
+    let mut options = JobOptions::new(paths);
+    options.load = LoadOptions { kind: None, strict: pick & 0x80 != 0, ..LoadOptions::default() };
+    options.analysis = Options { top: 5, gpu_memory: Some(80 << 30), ..Options::default() };
+    if let Ok(job) = Job::read(&options) {
+        render_all(&job);
     }
     let _ = Kind::Log;
 }

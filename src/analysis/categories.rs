@@ -40,6 +40,7 @@ struct RawPattern {
     not_function: Option<String>,
 }
 
+#[derive(Clone)]
 struct Pattern {
     name: &'static str,
     priority: i64,
@@ -50,6 +51,7 @@ struct Pattern {
 }
 
 /// Compiled category patterns.
+#[derive(Clone)]
 pub struct Categorizer {
     patterns: Vec<Pattern>,
 }

@@ -120,10 +120,44 @@ pub struct Analysis {
     pub kernel_facts: Vec<facts::Facts>,
 }
 
+/// How bad a finding is; findings at or above `--fail-on` make the exit code 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Error,
+}
+
+impl Severity {
+    pub fn name(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Severity> {
+        Some(match s {
+            "info" => Severity::Info,
+            "warning" => Severity::Warning,
+            "error" => Severity::Error,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for Severity {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
 #[derive(Debug, Serialize, Clone)]
 pub struct Finding {
     pub rule: String,
-    pub severity: String,
+    pub severity: Severity,
     pub device: Option<i64>,
     /// The memory this cause accounts for (a leak's growth, the memory outside PyTorch, the fragmented free
     /// bytes, the tensor); null where no size applies. The verdict ranks causes by it.
@@ -287,7 +321,19 @@ pub struct TraceReport {
 
 /// Analyses every device (or the one asked for), classifying allocations with `cats`.
 pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) -> Result<Analysis, String> {
+    analyze_keeping(tl, opts, cats, false).map(|(a, _)| a)
+}
+
+/// [`analyze`], also handing back each device's replay when `keep_replays` (to browse the trace without replaying
+/// it again).
+pub fn analyze_keeping<'t>(
+    tl: &'t Timeline,
+    opts: &Options,
+    cats: &categories::Categorizer,
+    keep_replays: bool,
+) -> Result<(Analysis, Vec<Replay<'t>>), String> {
     let mut devices = Vec::new();
+    let mut replays = Vec::new();
     let mut ids: Vec<i64> = tl.devices.iter().map(|d| d.device).collect();
     if !tl.devices.iter().any(|d| d.has_allocator_data()) {
         ids.extend(observed::log_devices(tl));
@@ -303,7 +349,13 @@ pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) ->
             continue;
         }
         match tl.device(id) {
-            Some(dev) if dev.has_allocator_data() => devices.push(analyze_device(tl, dev, opts, cats)?),
+            Some(dev) if dev.has_allocator_data() => {
+                let (report, replay) = analyze_device(tl, dev, opts, cats)?;
+                devices.push(report);
+                if keep_replays {
+                    replays.push(replay);
+                }
+            }
             Some(dev) if dev.memory_samples.is_empty() && dev.processes.is_empty() && dev.mig.is_empty() => {}
             Some(dev) if snapshot_gpus && observed::last_oom_message(tl, id).is_none() => {
                 other_gpus.push(observed::other_gpu(dev));
@@ -326,7 +378,7 @@ pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) ->
     if let Some(p) = &profile_summary {
         profile::facts(p, &mut job_facts);
     }
-    Ok(Analysis {
+    let analysis = Analysis {
         schema_version: SCHEMA_VERSION,
         tool: "oomdoc",
         tool_version: env!("CARGO_PKG_VERSION"),
@@ -342,15 +394,16 @@ pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) ->
         profile: profile_summary,
         job_facts,
         kernel_facts: tl.profile.ncu_kernels.iter().map(profile::kernel_facts).collect(),
-    })
+    };
+    Ok((analysis, replays))
 }
 
-fn analyze_device(
-    tl: &Timeline,
-    dev: &DeviceTimeline,
+fn analyze_device<'t>(
+    tl: &'t Timeline,
+    dev: &'t DeviceTimeline,
     opts: &Options,
     cats: &categories::Categorizer,
-) -> Result<DeviceReport, String> {
+) -> Result<(DeviceReport, Replay<'t>), String> {
     // The replay and the event-only facts are the two long passes over the trace and need nothing of each other:
     // run them on two cores.
     let mut cache = categories::CategoryCache::new(cats, tl);
@@ -417,7 +470,7 @@ fn analyze_device(
     report.by_category = by_category;
     report.facts = facts;
     report.holder = verdict::holder(tl, &report, &state, &mut cache);
-    Ok(report)
+    Ok((report, replay))
 }
 
 /// When one process holds several GPUs, how each compares with the others: a GPU holding a multiple of what
@@ -481,14 +534,7 @@ fn imbalance_facts(devices: &mut [DeviceReport]) {
 /// Most important first: errors before warnings before info, then by device, then by the memory they explain,
 /// then in rule order.
 pub fn sort_findings(findings: &mut [Finding]) {
-    let rank = |s: &str| match s {
-        "error" => 2,
-        "warning" => 1,
-        _ => 0,
-    };
-    findings.sort_by(|a, b| {
-        rank(&b.severity).cmp(&rank(&a.severity)).then(a.device.cmp(&b.device)).then(b.bytes.cmp(&a.bytes))
-    });
+    findings.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.device.cmp(&b.device)).then(b.bytes.cmp(&a.bytes)));
 }
 
 /// Starts `work` on another thread of `scope` and returns what waits for its result. Where no thread can be started

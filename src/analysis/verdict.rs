@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::categories::CategoryCache;
 use super::facts::moment_words;
-use super::{Analysis, DeviceReport, Finding};
+use super::{Analysis, DeviceReport, Finding, Severity};
 use crate::timeline::replay::State;
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
 use crate::timeline::Timeline;
@@ -40,7 +40,7 @@ pub struct Holder {
 #[derive(Clone, Debug, Serialize)]
 pub struct Cause {
     pub rule: String,
-    pub severity: String,
+    pub severity: Severity,
     /// The memory it explains (null where no size applies).
     pub bytes: Option<u64>,
     pub title: String,
@@ -123,8 +123,8 @@ pub fn attach(a: &mut Analysis) {
         let lead = primary.map(|i| (mine[i].rule.clone(), mine[i].bytes));
         for (i, f) in mine.iter_mut().enumerate() {
             let small = f.bytes.is_some_and(|b| (b as f64) < SMALL_SHARE * scale as f64);
-            if Some(i) != primary && small && f.severity == "error" {
-                f.severity = "warning".into();
+            if Some(i) != primary && small && f.severity == Severity::Error {
+                f.severity = Severity::Warning;
                 if let (Some(b), Some((rule, lead_bytes))) = (f.bytes, &lead) {
                     f.message.push_str(&format!(
                         " It explains {} of the {} in question{}: the last straw, not what filled the GPU.",
@@ -137,26 +137,13 @@ pub fn attach(a: &mut Analysis) {
         }
         let mut causes: Vec<Cause> = mine
             .iter()
-            .map(|f| Cause {
-                rule: f.rule.clone(),
-                severity: f.severity.clone(),
-                bytes: f.bytes,
-                title: f.title.clone(),
-            })
+            .map(|f| Cause { rule: f.rule.clone(), severity: f.severity, bytes: f.bytes, title: f.title.clone() })
             .collect();
-        causes.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(severity_rank(&y.severity).cmp(&severity_rank(&x.severity))));
+        causes.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(y.severity.cmp(&x.severity)));
         let primary = primary.map(|i| &*mine[i]);
         d.verdict = Some(verdict(d, primary, causes));
     }
     super::sort_findings(&mut a.findings);
-}
-
-fn severity_rank(s: &str) -> u8 {
-    match s {
-        "error" => 2,
-        "warning" => 1,
-        _ => 0,
-    }
 }
 
 /// The memory in question: what PyTorch held, plus what it asked for at an OOM.
@@ -167,21 +154,19 @@ fn scale(d: &DeviceReport) -> u64 {
 
 /// The finding that explains the most memory among those at warning or above; without sizes, the most severe.
 fn primary(findings: &[&mut Finding]) -> Option<usize> {
-    let serious = |f: &Finding| severity_rank(&f.severity) >= 1;
+    let serious = |f: &Finding| f.severity >= Severity::Warning;
     let sized = findings
         .iter()
         .enumerate()
         .filter(|(_, f)| serious(f) && f.bytes.is_some())
-        .max_by(|(i, a), (j, b)| {
-            a.bytes.cmp(&b.bytes).then(severity_rank(&a.severity).cmp(&severity_rank(&b.severity))).then(j.cmp(i))
-        })
+        .max_by(|(i, a), (j, b)| a.bytes.cmp(&b.bytes).then(a.severity.cmp(&b.severity)).then(j.cmp(i)))
         .map(|(i, _)| i);
     sized.or_else(|| {
         findings
             .iter()
             .enumerate()
             .filter(|(_, f)| serious(f))
-            .max_by(|(i, a), (j, b)| severity_rank(&a.severity).cmp(&severity_rank(&b.severity)).then(j.cmp(i)))
+            .max_by(|(i, a), (j, b)| a.severity.cmp(&b.severity).then(j.cmp(i)))
             .map(|(i, _)| i)
     })
 }

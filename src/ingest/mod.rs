@@ -92,31 +92,21 @@ impl TextArtifacts {
 
 /// Reads every artifact of one job. Each snapshot gives a timeline; what the text artifacts (logs, nvidia-smi)
 /// say is joined with every one of them, on the snapshot's clock. Without a snapshot the text artifacts form one
-/// timeline of their own.
-pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> Result<Vec<Timeline>, Error> {
+/// timeline of their own. An input that cannot be read is an error of its own, beside the timelines of the others.
+pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> (Vec<Timeline>, Vec<Error>) {
     let mut snapshots = Vec::new();
     let mut text = TextArtifacts::default();
+    let mut failed = Vec::new();
     for path in paths {
-        if path.is_dir() {
-            read_nsys_dir(path, opts, &mut text)?;
-            continue;
-        }
-        // Sniffing a text artifact reads it whole: its reader gets that text rather than reading the file again.
-        let (kind, content) = match opts.kind {
-            Some(k) => (k, None),
-            None => sniff(path)?,
-        };
-        let content = || content.map_or_else(|| read_all(path), Ok);
-        match kind {
-            Kind::Snapshot => snapshots.push(load(path, opts.show_progress)?),
-            Kind::Log => read_text(path, content()?, opts, &mut text)?,
-            Kind::NvidiaSmi => read_nvidia_smi(path, content()?, opts, &mut text)?,
-            Kind::Nsys if is_sqlite(path)? => read_nsys_sqlite(path, opts.strict, &mut text)?,
-            Kind::Nsys => read_nsys(path, content()?, &mut text),
-            Kind::Ncu => read_ncu(path, content()?, opts, &mut text)?,
+        match read_input(path, opts, &mut text) {
+            Ok(Some(tl)) => snapshots.push(tl),
+            Ok(None) => {}
+            Err(e) => failed.push(e),
         }
     }
-    finish_nsys_files(opts, &mut text)?;
+    if let Err(e) = finish_nsys_files(opts, &mut text) {
+        failed.push(e);
+    }
     if snapshots.is_empty() {
         snapshots.push(Timeline::default());
     }
@@ -124,7 +114,30 @@ pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> Result<Vec<
         text.join(tl);
         clock::align(tl, &opts.clock);
     }
-    Ok(snapshots)
+    (snapshots, failed)
+}
+
+/// Reads one input: a snapshot's timeline, or what a text artifact said, into `text`.
+fn read_input(path: &Path, opts: &LoadOptions, text: &mut TextArtifacts) -> Result<Option<Timeline>, Error> {
+    if path.is_dir() {
+        read_nsys_dir(path, opts, text)?;
+        return Ok(None);
+    }
+    // Sniffing a text artifact reads it whole: its reader gets that text rather than reading the file again.
+    let (kind, content) = match opts.kind {
+        Some(k) => (k, None),
+        None => sniff(path)?,
+    };
+    let content = || content.map_or_else(|| read_all(path), Ok);
+    match kind {
+        Kind::Snapshot => return load(path, opts.show_progress).map(Some),
+        Kind::Log => read_text(path, content()?, opts, text)?,
+        Kind::NvidiaSmi => read_nvidia_smi(path, content()?, opts, text)?,
+        Kind::Nsys if is_sqlite(path)? => read_nsys_sqlite(path, opts.strict, text)?,
+        Kind::Nsys => read_nsys(path, content()?, text),
+        Kind::Ncu => read_ncu(path, content()?, opts, text)?,
+    }
+    Ok(None)
 }
 
 fn read_all(path: &Path) -> Result<String, Error> {

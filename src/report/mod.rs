@@ -1,10 +1,13 @@
 //! Renderers. They read an [`Analysis`] (and the timeline, for stacks) and know nothing of input formats.
 
+pub mod facts_table;
 mod markdown;
+pub mod rule_list;
 pub mod sections;
 mod text;
 
 use crate::analysis::Analysis;
+use crate::job::Analysed;
 use crate::timeline::Timeline;
 
 pub use markdown::render as markdown;
@@ -31,6 +34,30 @@ pub fn render(format: Format, analysis: &Analysis, tl: &Timeline, color: bool) -
             s
         }
     }
+}
+
+/// Renders a whole job: in text and Markdown one report per snapshot, one after the other; in JSON one document
+/// whose inputs, devices and findings are every snapshot's.
+pub fn render_job(format: Format, analysed: Vec<Analysed>, color: bool) -> String {
+    if format == Format::Json {
+        let mut all = analysed.into_iter();
+        let Some(first) = all.next() else { return String::new() };
+        let mut combined = first.analysis;
+        for a in all {
+            combined.inputs.extend(a.analysis.inputs);
+            combined.devices.extend(a.analysis.devices);
+            combined.findings.extend(a.analysis.findings);
+        }
+        return render(format, &combined, first.timeline, color);
+    }
+    let mut out = String::new();
+    for a in &analysed {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&render(format, &a.analysis, a.timeline, color));
+    }
+    out
 }
 
 /// "default" for the legacy default stream, else the raw stream handle in hex.

@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::sections::{self, Highlight};
 use super::{percent, stream_name, when};
-use crate::analysis::{stacks::folded, Analysis, DeviceReport};
+use crate::analysis::{stacks::folded, Analysis, DeviceReport, Severity};
 use crate::timeline::Timeline;
 use crate::units::{bytes, duration_us};
 
@@ -69,10 +69,10 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
     if !a.findings.is_empty() {
         let _ = writeln!(o);
         for f in &a.findings {
-            let sev = match f.severity.as_str() {
-                "error" => st.red("error"),
-                "warning" => st.yellow("warning"),
-                other => st.cyan(other),
+            let sev = match f.severity {
+                Severity::Error => st.red("error"),
+                Severity::Warning => st.yellow("warning"),
+                Severity::Info => st.cyan("info"),
             };
             let gpu = f.device.map_or(String::new(), |d| format!("GPU {d}: "));
             let explains = f.bytes.map_or(String::new(), |b| format!(" explains {}", bytes(b)));

@@ -15,31 +15,7 @@ use expr::{Expr, Val};
 
 include!(concat!(env!("OUT_DIR"), "/builtin_rules.rs"));
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Severity {
-    Info,
-    Warning,
-    Error,
-}
-
-impl Severity {
-    pub fn name(self) -> &'static str {
-        match self {
-            Severity::Info => "info",
-            Severity::Warning => "warning",
-            Severity::Error => "error",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Severity> {
-        Some(match s {
-            "info" => Severity::Info,
-            "warning" => Severity::Warning,
-            "error" => Severity::Error,
-            _ => return None,
-        })
-    }
-}
+pub use crate::analysis::Severity;
 
 #[derive(Clone, Debug)]
 pub struct Case {
@@ -364,7 +340,7 @@ impl RuleSet {
             }
             out.push(Finding {
                 rule: rule.id.clone(),
-                severity: case.severity.name().to_string(),
+                severity: case.severity,
                 device,
                 bytes: explained_bytes(case, &lookup),
                 title: rule.title.clone(),
@@ -453,7 +429,7 @@ impl RuleSet {
                 let bytes = explained_bytes(case, &lookup);
                 out.findings.push(Finding {
                     rule: rule.id.clone(),
-                    severity: case.severity.name().to_string(),
+                    severity: case.severity,
                     device: None,
                     bytes,
                     title: match &case.label {

@@ -5,7 +5,8 @@
 use rustc_hash::FxHashMap;
 
 use crate::analysis::categories::{Categorizer, CategoryCache};
-use crate::analysis::{culprit, Analysis, Finding};
+use crate::analysis::{culprit, Finding};
+use crate::job::Analysed;
 use crate::timeline::replay::{Replay, State};
 use crate::timeline::stacks::StackId;
 use crate::timeline::{Action as Ev, BlockState, Timeline};
@@ -109,14 +110,21 @@ pub struct App<'t> {
 }
 
 impl<'t> App<'t> {
-    pub fn new(tl: &'t Timeline, analysis: &Analysis, cats: &'t Categorizer, title: String) -> App<'t> {
+    /// The app over one analysed timeline, taking its replays (each device's trace replayed once, by the
+    /// analysis); a device the analysis left out (`--device`) is replayed here.
+    pub fn new(analysed: Analysed<'t>, cats: &'t Categorizer, title: String) -> App<'t> {
+        let Analysed { timeline: tl, analysis, mut replays } = analysed;
+        let analysis = &analysis;
         let devices: Vec<DeviceCtx> = tl
             .devices
             .iter()
             .filter(|d| !d.segments.is_empty() || !d.events.is_empty())
             .map(|d| DeviceCtx {
                 device: d.device,
-                replay: Replay::new(d, tl.settings.as_ref()),
+                replay: match replays.iter().position(|r| r.device().device == d.device) {
+                    Some(i) => replays.swap_remove(i),
+                    None => Replay::new(d, tl.settings.as_ref()),
+                },
                 oom: d.events.iter().rposition(|e| e.action == Ev::Oom).map(|i| i as u32),
             })
             .collect();

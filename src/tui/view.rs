@@ -12,7 +12,7 @@ use ratatui::Frame;
 
 use super::app::{App, Panel, Sort};
 use super::keys;
-use crate::analysis::stack_frames;
+use crate::analysis::{stack_frames, Severity};
 use crate::timeline::{Action as Ev, BlockState};
 use crate::units::{bytes, duration_us};
 
@@ -58,7 +58,7 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     let n = app.events_len();
     let mut first = vec![Span::from("oomdoc ").bold(), Span::from(app.title.as_str())];
     if !app.findings.is_empty() {
-        let worst = &app.findings[0].severity;
+        let worst = app.findings[0].severity;
         first.push(
             Span::from(format!(
                 "   {} finding{} (Tab)",
@@ -391,11 +391,11 @@ fn draw_pools(f: &mut Frame, app: &App, area: Rect) {
     f.render_widget(Paragraph::new(lines).block(block), area);
 }
 
-fn severity_color(s: &str) -> Color {
+fn severity_color(s: Severity) -> Color {
     match s {
-        "error" => Color::Red,
-        "warning" => Color::Yellow,
-        _ => Color::Blue,
+        Severity::Error => Color::Red,
+        Severity::Warning => Color::Yellow,
+        Severity::Info => Color::Blue,
     }
 }
 
@@ -414,7 +414,7 @@ fn draw_findings(f: &mut Frame, app: &App, area: Rect) {
         .map(|(i, x)| {
             let gpu = x.device.map_or(String::new(), |d| format!("GPU {d} "));
             let line = Line::from(vec![
-                Span::from(format!("{:<8}", x.severity)).fg(severity_color(&x.severity)).bold(),
+                Span::from(format!("{:<8}", x.severity)).fg(severity_color(x.severity)).bold(),
                 Span::from(format!("{gpu}{} [{}]", x.title, x.rule)),
             ]);
             if i == app.selected {

@@ -151,3 +151,24 @@ fn help_teaches() {
     let top = stdout(&oomdoc(&["--help"]));
     assert!(top.contains("_record_memory_history"), "{top}");
 }
+
+#[test]
+fn one_bad_input_is_one_line_and_the_others_are_still_analysed() {
+    // A job of two snapshots and a log, one snapshot truncated: its error is one line, the other snapshot and the
+    // log are reported, and the exit code says that something could not be read.
+    let whole = std::fs::read(common::root().join(REAL)).unwrap();
+    let bad = TempFile::with("truncated.pickle", &whole[..whole.len() / 2]);
+    let log = "fixtures/real/logs/vllm-v1-near-full-kv.log";
+    let o = oomdoc(&["analyze", bad.path(), REAL, log, "--format", "json"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("oomdoc: error: ") && err.contains("truncated.pickle"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let paths: Vec<&str> = v["inputs"].as_array().unwrap().iter().filter_map(|i| i["path"].as_str()).collect();
+    assert_eq!(paths, [REAL, log]);
+    // Nothing readable: no report, only the errors.
+    let o = oomdoc(&["analyze", bad.path()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+}

@@ -12,9 +12,8 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use oomdoc::analysis::{self, categories::Categorizer, Options};
-use oomdoc::ingest::{self, LoadOptions};
-use oomdoc::rules::RuleSet;
+use oomdoc::analysis::Options;
+use oomdoc::job::{Job, JobOptions};
 use serde_json::Value;
 
 #[derive(Default, Clone, Copy)]
@@ -57,8 +56,6 @@ fn the_checklist_holds_on_scenarios_it_was_not_tuned_on() {
         .expect("python3 runs");
     assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
     let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
-    let rules = RuleSet::builtin();
-    let cats = Categorizer::builtin();
     let mut scores: BTreeMap<(String, String), Score> = BTreeMap::new();
     let mut misses: Vec<String> = Vec::new();
     let mut healthy_warned: Vec<String> = Vec::new();
@@ -72,13 +69,14 @@ fn the_checklist_holds_on_scenarios_it_was_not_tuned_on() {
             .position(|a| a == "--gpu-memory")
             .and_then(|i| args.get(i + 1))
             .map(|v| oomdoc::units::parse_size_arg(v).unwrap());
-        let opts = Options { gpu_memory, ..Options::default() };
-        let tls = ingest::load_job(&paths, &LoadOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut options = JobOptions::new(paths);
+        options.analysis = Options { gpu_memory, ..Options::default() };
+        let job = Job::read(&options).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(job.failed.is_empty(), "{name}: {:?}", job.failed);
         let mut fired: Vec<(String, String)> = Vec::new();
-        for tl in &tls {
-            let mut a = analysis::analyze(tl, &opts, &cats).unwrap_or_else(|e| panic!("{name}: {e}"));
-            rules.apply(&mut a);
-            fired.extend(a.findings.iter().map(|f| (f.rule.clone(), f.severity.clone())));
+        for a in job.analyse() {
+            let a = a.unwrap_or_else(|e| panic!("{name}: {e}")).analysis;
+            fired.extend(a.findings.iter().map(|f| (f.rule.clone(), f.severity.to_string())));
             if std::env::var_os("SCENARIO_DEBUG").is_some() {
                 for f in &a.findings {
                     println!("    {name} {} {}: {}", f.rule, f.severity, f.message);

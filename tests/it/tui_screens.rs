@@ -1,21 +1,25 @@
 //! What each view of `oomdoc tui` shows, drawn on ratatui's TestBackend: a real snapshot and a generated OOM.
 //! Review changes with `cargo insta review`.
 
-use oomdoc::analysis::{self, categories::Categorizer, Options};
-use oomdoc::rules::RuleSet;
-use oomdoc::timeline::Timeline;
+use oomdoc::job::{Job, JobOptions};
 use oomdoc::tui::app::{Action, Jump, Panel};
 use oomdoc::tui::{view, App};
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
-fn load(path: &str) -> (Timeline, analysis::Analysis) {
+/// The job `oomdoc tui` runs on these files.
+fn load(paths: &[&str]) -> Job {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let tl = oomdoc::ingest::load(&root.join(path), false).unwrap();
-    let cats = Categorizer::builtin();
-    let mut a = analysis::analyze(&tl, &Options::default(), &cats).unwrap();
-    RuleSet::builtin().apply(&mut a);
-    (tl, a)
+    let mut options = JobOptions::new(paths.iter().map(|p| root.join(p)));
+    options.keep_replays = true;
+    let job = Job::read(&options).unwrap();
+    assert!(job.failed.is_empty(), "{:?}", job.failed);
+    job
+}
+
+/// The app `oomdoc tui` opens on the job's first timeline.
+fn open<'j>(job: &'j Job, title: &str) -> App<'j> {
+    App::new(job.analyse_first().unwrap(), &job.checklist.categories, title.to_string())
 }
 
 /// The screen as text, one line per row (colours and styles dropped).
@@ -43,9 +47,9 @@ fn actions(app: &mut App, list: &[Action]) {
 
 #[test]
 fn oom_fixture_every_view() {
-    let (tl, a) = load("fixtures/generated/rules/fragmentation-fire.pickle");
-    let cats = Categorizer::builtin();
-    let mut app = App::new(&tl, &a, &cats, "fragmentation-fire.pickle".into());
+    let job = load(&["fixtures/generated/rules/fragmentation-fire.pickle"]);
+    let tl = &job.timelines[0];
+    let mut app = open(&job, "fragmentation-fire.pickle");
     // Opens at the OOM.
     let oom = tl.devices[0].events.len() as u32 - 1;
     assert_eq!(app.cursor, Some(oom));
@@ -79,9 +83,8 @@ fn oom_fixture_every_view() {
 
 #[test]
 fn real_snapshot_cursor_moves_and_small_terminal() {
-    let (tl, a) = load("fixtures/real/decomfl-t29.pickle");
-    let cats = Categorizer::builtin();
-    let mut app = App::new(&tl, &a, &cats, "decomfl-t29.pickle".into());
+    let job = load(&["fixtures/real/decomfl-t29.pickle"]);
+    let mut app = open(&job, "decomfl-t29.pickle");
     insta::assert_snapshot!("real_peak_live", screen(&app, 120, 36));
     // Stepping forward incrementally lands on the same state as a fresh replay to the same event.
     actions(
@@ -101,9 +104,8 @@ fn real_snapshot_cursor_moves_and_small_terminal() {
 
 #[test]
 fn two_devices_switch() {
-    let (tl, a) = load("fixtures/generated/shapes/v2.15-multidevice-pool.pickle");
-    let cats = Categorizer::builtin();
-    let mut app = App::new(&tl, &a, &cats, "v2.15-multidevice-pool.pickle".into());
+    let job = load(&["fixtures/generated/shapes/v2.15-multidevice-pool.pickle"]);
+    let mut app = open(&job, "v2.15-multidevice-pool.pickle");
     assert_eq!(app.device().unwrap().device, 0);
     app.update(Action::NextDevice);
     assert_eq!(app.device().unwrap().device, 1);
@@ -112,9 +114,9 @@ fn two_devices_switch() {
 
 #[test]
 fn incremental_cursor_agrees_with_checkpoint_replay_everywhere() {
-    let (tl, a) = load("fixtures/generated/rules/leaked-references-fire-oom.pickle");
-    let cats = Categorizer::builtin();
-    let mut app = App::new(&tl, &a, &cats, String::new());
+    let job = load(&["fixtures/generated/rules/leaked-references-fire-oom.pickle"]);
+    let tl = &job.timelines[0];
+    let mut app = open(&job, "");
     app.update(Action::Jump(Jump::Start));
     let n = tl.devices[0].events.len();
     for _ in 1..n {
@@ -131,9 +133,8 @@ fn incremental_cursor_agrees_with_checkpoint_replay_everywhere() {
 
 #[test]
 fn real_snapshot_with_findings_every_view() {
-    let (tl, a) = load("fixtures/real/cs336-kk-fullstep-57gb.pickle");
-    let cats = Categorizer::builtin();
-    let mut app = App::new(&tl, &a, &cats, "cs336-kk-fullstep-57gb.pickle".into());
+    let job = load(&["fixtures/real/cs336-kk-fullstep-57gb.pickle"]);
+    let mut app = open(&job, "cs336-kk-fullstep-57gb.pickle");
     actions(&mut app, &[Action::ToggleGroup]);
     insta::assert_snapshot!("real_findings_file_grouped", screen(&app, 120, 36));
     actions(&mut app, &[Action::ToggleGroup, Action::NextPanel, Action::Select(3)]);
@@ -148,22 +149,13 @@ fn real_snapshot_with_findings_every_view() {
 
 #[test]
 fn profile_panel_beside_a_snapshot() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let paths: Vec<std::path::PathBuf> = [
+    let job = load(&[
         "fixtures/generated/rules/fragmentation-fire.pickle",
         "fixtures/profilers/ddp_accum_cuda_gpu_trace.csv",
         "fixtures/real/ncu/ncu2025.3_csv_details_sol_h100.txt",
-    ]
-    .iter()
-    .map(|p| root.join(p))
-    .collect();
-    let mut tls = oomdoc::ingest::load_job(&paths, &oomdoc::ingest::LoadOptions::default()).unwrap();
-    assert_eq!(tls.len(), 1);
-    let tl = tls.remove(0);
-    let cats = Categorizer::builtin();
-    let mut a = analysis::analyze(&tl, &Options::default(), &cats).unwrap();
-    RuleSet::builtin().apply(&mut a);
-    let mut app = App::new(&tl, &a, &cats, "fragmentation-fire.pickle + nsys + ncu".into());
+    ]);
+    assert_eq!(job.timelines.len(), 1);
+    let mut app = open(&job, "fragmentation-fire.pickle + nsys + ncu");
     assert_eq!(app.panels(), [Panel::Live, Panel::Segments, Panel::Findings, Panel::Profile]);
     actions(&mut app, &[Action::PrevPanel]);
     assert_eq!(app.panel, Panel::Profile);
@@ -172,7 +164,7 @@ fn profile_panel_beside_a_snapshot() {
     assert!(s.contains("compute-and-memory-bound"), "{s}");
     insta::assert_snapshot!("profile_panel", s);
     // Without profiler exports there is no profile panel to Tab to.
-    let (tl, a) = load("fixtures/generated/rules/fragmentation-fire.pickle");
-    let app = App::new(&tl, &a, &cats, "x".into());
+    let job = load(&["fixtures/generated/rules/fragmentation-fire.pickle"]);
+    let app = open(&job, "x");
     assert_eq!(app.panels(), [Panel::Live, Panel::Segments, Panel::Findings]);
 }

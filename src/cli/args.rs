@@ -1,0 +1,187 @@
+//! The command line's arguments: what each subcommand takes, its help text, and how it becomes a
+//! [`JobOptions`]. Parsing only; the commands themselves are in `commands.rs`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use oomdoc::analysis::{At, Options};
+use oomdoc::job::JobOptions;
+use oomdoc::report::Format;
+use oomdoc::rules::Severity;
+
+#[derive(Parser)]
+#[command(
+    name = "oomdoc",
+    version,
+    about = "Tells you why your GPU job ran out of memory, and what to change.",
+    long_about = "Tells you why your GPU job ran out of memory, and what to change.\n\n\
+        Give it what the failed job left behind. Today that is the PyTorch memory snapshot written by\n\
+        torch.cuda.memory._dump_snapshot(); oomdoc reads every version (torch 1.13 to 2.15) without\n\
+        executing the pickle, rebuilds the allocator's state at the OOM, and runs the OOM checklist\n\
+        (see `oomdoc rules`).\n\n\
+        Capture one with:\n    \
+        torch.cuda.memory._record_memory_history(max_entries=100000)\n    \
+        ... run the failing step ...\n    \
+        torch.cuda.memory._dump_snapshot(\"mem_snapshot.pickle\")",
+    after_help = "Exit codes: 0 ok, 1 findings at or above --fail-on, 2 bad input or usage (one line on stderr)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Rebuild the allocator's state at the OOM (or the peak), say what held the memory, and why it ran out.
+    #[command(after_help = "Examples:\n  oomdoc analyze mem_snapshot.pickle\n  \
+        oomdoc analyze mem_snapshot.pickle --at peak --top 20\n  \
+        oomdoc analyze mem_snapshot.pickle --gpu-memory 80GiB\n  \
+        oomdoc analyze mem_snapshot.pickle --format markdown -o incident.md\n  \
+        oomdoc analyze mem_snapshot.pickle --format json | jq '.findings'\n  \
+        oomdoc analyze mem_snapshot.pickle --fail-on warning   # exit 1 if anything was found")]
+    Analyze(AnalyzeArgs),
+    /// Print every fact the rules can test, with its value (the way to debug a rule).
+    Facts(FactsArgs),
+    /// List the rules in force.
+    Rules(RulesArgs),
+    /// Explain what a rule checks, why, and what it suggests.
+    Explain(ExplainArgs),
+    /// Browse the timeline and the live allocations at any moment in the terminal (opens at the OOM).
+    #[command(after_help = "Keys: ←/→ step, PgUp/PgDn page, o OOM, p peak, Home/End, Tab panel, ↑/↓ select,\n  \
+        Enter open, / filter, g group by stack, s sort, d next GPU, ? help, q quit.\n\n\
+        Example:\n  oomdoc tui mem_snapshot.pickle")]
+    Tui(TuiArgs),
+    /// The memory budget before a run: every byte per GPU with its formula, a verdict, and what would fit.
+    #[command(long_about = oomdoc::budget::args::BUDGET_HELP)]
+    Budget(oomdoc::budget::args::BudgetArgs),
+}
+
+#[derive(clap::Args)]
+pub struct TuiArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+}
+
+#[derive(clap::Args)]
+pub struct InputArgs {
+    /// The job's artifacts, any mix: snapshot pickles (torch.cuda.memory._dump_snapshot), training logs with the
+    /// OOM message, vLLM logs, nvidia-smi output. Each file is recognised by its content.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// Read every file as this kind instead of recognising it.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub kind: Option<oomdoc::ingest::Kind>,
+    /// Lines that cannot be used inside a recognised block are errors (default: skipped and counted).
+    #[arg(long)]
+    pub strict: bool,
+    /// Column names of a `noheader` nvidia-smi CSV, as given to --query-gpu (timestamp,index,memory.used,…).
+    #[arg(long, value_name = "A,B,C", value_delimiter = ',')]
+    pub columns: Option<Vec<String>>,
+    /// The zone nvidia-smi and log timestamps were written in (UTC, +02:00, -0530). Default: inferred from the
+    /// snapshot's clock when there is one.
+    #[arg(long, value_name = "ZONE", value_parser = oomdoc::timeline::clock::parse_tz)]
+    pub tz: Option<i64>,
+    /// Shift every text artifact's times by this many seconds (a host clock that was off).
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    pub clock_offset: Option<f64>,
+    /// Only this CUDA device.
+    #[arg(long, value_name = "N")]
+    pub device: Option<i64>,
+    /// The moment to describe: oom, peak, end, a time after the trace start (12.5s, 300ms), or event:N.
+    /// Default: the last OOM if there is one, else the peak.
+    #[arg(long, value_name = "WHEN", default_value = "auto")]
+    pub at: At,
+    /// The GPU's total memory (e.g. 80GiB, 40GB, 81559347200): lets oomdoc size memory outside PyTorch at an OOM.
+    #[arg(long, value_name = "BYTES", value_parser = oomdoc::units::parse_size_arg)]
+    pub gpu_memory: Option<u64>,
+    /// A folder of rule files (*.toml) that add to or override the built-in ones; a categories.toml there adds
+    /// category patterns.
+    #[arg(long, value_name = "DIR")]
+    pub rules: Option<PathBuf>,
+    /// No progress bar, even on a terminal.
+    #[arg(long)]
+    pub no_progress: bool,
+    // With --model (a config.json) or model flags: the budget's prediction per category beside the snapshot.
+    #[command(flatten)]
+    pub predict: oomdoc::budget::args::PredictArgs,
+}
+
+#[derive(clap::Args)]
+pub struct AnalyzeArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// How many live allocations and stacks to list.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+    /// Output format.
+    #[arg(long, short = 'f', value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Write the report to FILE instead of standard output.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Colour: auto (on a terminal, unless NO_COLOR is set), always, never.
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = Color::Auto)]
+    pub color: Color,
+    /// Exit with code 1 when a finding of this severity or worse is raised.
+    #[arg(long, value_name = "SEVERITY", value_enum)]
+    pub fail_on: Option<Severity>,
+}
+
+#[derive(clap::Args)]
+pub struct FactsArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// Print as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct RulesArgs {
+    /// Also load rules from this folder.
+    #[arg(long, value_name = "DIR")]
+    pub rules: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct ExplainArgs {
+    /// The rule id (see `oomdoc rules`).
+    pub rule: String,
+    /// Also load rules from this folder.
+    #[arg(long, value_name = "DIR")]
+    pub rules: Option<PathBuf>,
+}
+
+/// When the text report is coloured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Color {
+    /// On a terminal, unless NO_COLOR is set.
+    Auto,
+    Always,
+    Never,
+}
+
+impl InputArgs {
+    /// The job these arguments describe; `top`: how many live allocations and stacks a report lists.
+    pub fn job_options(&self, top: usize) -> JobOptions {
+        JobOptions {
+            files: self.files.clone(),
+            load: oomdoc::ingest::LoadOptions {
+                show_progress: !self.no_progress,
+                kind: self.kind,
+                strict: self.strict,
+                columns: self.columns.clone(),
+                clock: oomdoc::timeline::clock::ClockOptions {
+                    tz_offset_s: self.tz,
+                    offset_us: self.clock_offset.map_or(0, |s| (s * 1e6).round() as i64),
+                },
+            },
+            analysis: Options { at: self.at.clone(), top, device: self.device, gpu_memory: self.gpu_memory },
+            rules_dir: self.rules.clone(),
+            predict: self.predict.clone(),
+            keep_replays: false,
+            timing: std::env::var_os("OOMDOC_TIMING").is_some(),
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! What each subcommand does with its arguments: run the job pipeline ([`oomdoc::job`]) and write its report, or
+//! list and explain the rules, or the budget. Each returns the process's exit code or the error to report.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use oomdoc::job::{Checklist, Job};
+use oomdoc::report;
+use oomdoc::Error;
+
+use super::args::{AnalyzeArgs, Cli, Color, Command, FactsArgs, TuiArgs};
+
+pub fn run(cli: Cli) -> Result<ExitCode, Error> {
+    match cli.command {
+        Command::Analyze(args) => analyze(args),
+        Command::Facts(args) => facts(args),
+        Command::Tui(args) => tui(args),
+        Command::Budget(args) => {
+            write_out(None, &oomdoc::budget::args::run_cli(&args)?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Rules(args) => {
+            write_out(None, &report::rule_list::list(&Checklist::load(args.rules.as_deref())?.rules))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Explain(args) => {
+            let rules = Checklist::load(args.rules.as_deref())?.rules;
+            write_out(None, &report::rule_list::explain(&rules, &args.rule)?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Reports each input that could not be read on a line of its own; the caller exits 2 after the rest.
+fn report_failed(job: &Job) -> bool {
+    for e in &job.failed {
+        eprintln!("oomdoc: error: {e}");
+    }
+    !job.failed.is_empty()
+}
+
+fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
+    let to_terminal = args.output.is_none() && std::io::stdout().is_terminal();
+    let color = match args.color {
+        Color::Always => true,
+        Color::Never => false,
+        Color::Auto => to_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+    };
+    let job = Job::read(&args.input.job_options(args.top))?;
+    let analysed = job.analyse().collect::<Result<Vec<_>, _>>()?;
+    let worst = analysed.iter().flat_map(|a| &a.analysis.findings).map(|f| f.severity).max();
+    let failed = report_failed(&job);
+    if !analysed.is_empty() {
+        write_out(args.output.as_ref(), &report::render_job(args.format, analysed, color))?;
+    }
+    // Freeing millions of small records takes longer than the process exit that reclaims them anyway.
+    std::mem::forget(job);
+    Ok(if failed {
+        ExitCode::from(2)
+    } else if matches!((args.fail_on, worst), (Some(f), Some(w)) if w >= f) {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn tui(args: TuiArgs) -> Result<ExitCode, Error> {
+    let mut snapshots = 0;
+    for f in &args.input.files {
+        let kind = match args.input.kind {
+            Some(k) => k,
+            None if f.is_dir() => oomdoc::ingest::Kind::Nsys,
+            None => oomdoc::ingest::sniff_file(f)?,
+        };
+        snapshots += usize::from(kind == oomdoc::ingest::Kind::Snapshot);
+    }
+    if snapshots > 1 {
+        return Err(Error::Usage(
+            "oomdoc tui opens one snapshot at a time (with any logs, nvidia-smi or Nsight exports beside it); run it \
+             once per snapshot"
+                .into(),
+        ));
+    }
+    if !std::io::stdout().is_terminal() {
+        return Err(Error::Usage("oomdoc tui needs a terminal; use `oomdoc analyze` for a report".into()));
+    }
+    let mut options = args.input.job_options(10);
+    options.keep_replays = true;
+    let job = Job::read(&options)?;
+    if report_failed(&job) {
+        return Ok(ExitCode::from(2));
+    }
+    for analysed in job.analyse() {
+        let analysed = analysed?;
+        let path =
+            analysed.analysis.inputs.first().map_or(String::new(), |i| format!("{} ({})", i.path, i.format_version));
+        let mut app = oomdoc::tui::App::new(analysed, &job.checklist.categories, path);
+        oomdoc::tui::run(&mut app).map_err(|source| Error::Io { path: "<terminal>".into(), source })?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn facts(args: FactsArgs) -> Result<ExitCode, Error> {
+    let job = Job::read(&args.input.job_options(10))?;
+    let analysed = job.analyse().collect::<Result<Vec<_>, _>>()?;
+    let failed = report_failed(&job);
+    let analyses: Vec<&oomdoc::analysis::Analysis> = analysed.iter().map(|a| &a.analysis).collect();
+    write_out(None, &report::facts_table::render(&analyses, args.json))?;
+    Ok(if failed { ExitCode::from(2) } else { ExitCode::SUCCESS })
+}
+
+pub fn write_out(path: Option<&PathBuf>, text: &str) -> Result<(), Error> {
+    match path {
+        Some(p) => std::fs::write(p, text).map_err(|source| Error::Io { path: p.display().to_string(), source }),
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(text.as_bytes())
+                .and_then(|_| stdout.flush())
+                .map_err(|source| Error::Io { path: "<stdout>".into(), source })
+        }
+    }
+}

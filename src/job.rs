@@ -1,0 +1,178 @@
+//! The one pipeline: a job's artifacts → readers ([`crate::ingest`]) → one timeline per snapshot (the logs,
+//! nvidia-smi and profiler exports joined to each) → analysis → the checklist's rules → the verdict. The command
+//! line, the TUI, the tests and the benches all run a job through here, so what a user sees is what is tested.
+//!
+//! ```no_run
+//! use oomdoc::job::{Job, JobOptions};
+//! let job = Job::read(&JobOptions::new(["mem_snapshot.pickle"]))?;
+//! for analysed in job.analyse() {
+//!     let analysed = analysed?;
+//!     println!("{}", oomdoc::report::render(oomdoc::report::Format::Text, &analysed.analysis, analysed.timeline, false));
+//! }
+//! # Ok::<(), oomdoc::Error>(())
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::analysis::categories::Categorizer;
+use crate::analysis::{self, Analysis, Options};
+use crate::budget::{self, args::PredictArgs, Budget};
+use crate::ingest::{self, LoadOptions};
+use crate::rules::RuleSet;
+use crate::timeline::replay::Replay;
+use crate::timeline::Timeline;
+use crate::Error;
+
+/// What to read and how to analyse it.
+#[derive(Clone, Debug, Default)]
+pub struct JobOptions {
+    pub files: Vec<PathBuf>,
+    pub load: LoadOptions,
+    pub analysis: Options,
+    /// A folder of rule files that add to or override the built-in checklist (and a `categories.toml`).
+    pub rules_dir: Option<PathBuf>,
+    /// A model and run to predict the budget of, put beside each device's live memory.
+    pub predict: PredictArgs,
+    /// Keep each device's replay for browsing (the TUI), instead of dropping it once the facts are derived.
+    pub keep_replays: bool,
+    /// Print each stage's time and the peak RSS on stderr (`OOMDOC_TIMING`).
+    pub timing: bool,
+}
+
+impl JobOptions {
+    /// The defaults for these files: recognised by content, analysed at the OOM (else the peak).
+    pub fn new<P: Into<PathBuf>>(files: impl IntoIterator<Item = P>) -> JobOptions {
+        JobOptions { files: files.into_iter().map(Into::into).collect(), ..JobOptions::default() }
+    }
+}
+
+/// The OOM checklist: the rules and the stack categories they use.
+#[derive(Clone)]
+pub struct Checklist {
+    pub rules: RuleSet,
+    pub categories: Categorizer,
+}
+
+impl Checklist {
+    /// The built-in rules and categories.
+    pub fn builtin() -> Checklist {
+        Checklist { rules: RuleSet::builtin(), categories: Categorizer::builtin() }
+    }
+
+    /// The built-in checklist with a folder's rule files (and its `categories.toml`) added.
+    pub fn load(dir: Option<&Path>) -> Result<Checklist, Error> {
+        let mut rules = RuleSet::builtin();
+        let mut sources = vec![("rules/categories.toml".to_string(), crate::rules::builtin_categories().to_string())];
+        if let Some(d) = dir {
+            rules.extend_from_dir(d)?;
+            let p = d.join("categories.toml");
+            if p.exists() {
+                let text =
+                    std::fs::read_to_string(&p).map_err(|e| Error::Io { path: p.display().to_string(), source: e })?;
+                sources.push((p.display().to_string(), text));
+            }
+        }
+        let refs: Vec<(&str, &str)> = sources.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        let categories = Categorizer::new(&refs).map_err(Error::Usage)?;
+        Ok(Checklist { rules, categories })
+    }
+}
+
+/// A job's inputs, read: one timeline per snapshot (or one for text artifacts alone), and the inputs that could
+/// not be read. One bad file does not stop the others: each failure is kept for the caller to report.
+pub struct Job {
+    pub checklist: Checklist,
+    pub prediction: Option<Budget>,
+    pub timelines: Vec<Timeline>,
+    pub failed: Vec<Error>,
+    options: JobOptions,
+}
+
+/// One timeline analysed: the report model every renderer reads, and (with `keep_replays`) the replays to browse.
+pub struct Analysed<'t> {
+    pub timeline: &'t Timeline,
+    pub analysis: Analysis,
+    pub replays: Vec<Replay<'t>>,
+}
+
+impl Job {
+    /// Reads every input. The checklist and the budget are made while the inputs are read (neither needs the
+    /// other); a broken rule file or model is an error before any input's.
+    pub fn read(options: &JobOptions) -> Result<Job, Error> {
+        let t0 = Instant::now();
+        let (setup, read) = std::thread::scope(|s| {
+            let setup = analysis::beside(s, || -> Result<_, Error> {
+                let checklist = Checklist::load(options.rules_dir.as_deref())?;
+                let prediction = budget::args::predict(&options.predict)?;
+                Ok((checklist, prediction))
+            });
+            let read = ingest::load_job(&options.files, &options.load);
+            (setup(), read)
+        });
+        let (checklist, prediction) = setup?;
+        let (timelines, failed) = read;
+        if options.timing {
+            eprintln!(
+                "oomdoc: read {} files in {:.3} s{}",
+                options.files.len(),
+                t0.elapsed().as_secs_f64(),
+                peak_rss()
+            );
+        }
+        Ok(Job { checklist, prediction, timelines, failed, options: options.clone() })
+    }
+
+    /// A job over timelines already read (a snapshot decoded from memory), checked with `checklist`.
+    pub fn of_timelines(timelines: Vec<Timeline>, checklist: Checklist, options: &JobOptions) -> Result<Job, Error> {
+        let prediction = budget::args::predict(&options.predict)?;
+        Ok(Job { checklist, prediction, timelines, failed: Vec::new(), options: options.clone() })
+    }
+
+    /// Reads one input with the default options and the built-in checklist.
+    pub fn read_file(path: impl Into<PathBuf>) -> Result<Job, Error> {
+        let job = Job::read(&JobOptions::new([path]))?;
+        match job.failed.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(Job { failed: Vec::new(), ..job }),
+        }
+    }
+
+    /// Analyses each timeline that holds something read, in order, and runs the checklist on it.
+    pub fn analyse(&self) -> impl Iterator<Item = Result<Analysed<'_>, Error>> {
+        self.timelines.iter().filter(|tl| !tl.inputs.is_empty()).map(|tl| self.analyse_timeline(tl))
+    }
+
+    /// The first analysed timeline (a job of one snapshot has one).
+    pub fn analyse_first(&self) -> Result<Analysed<'_>, Error> {
+        self.analyse().next().unwrap_or_else(|| Err(Error::Usage("nothing was read".into())))
+    }
+
+    fn analyse_timeline<'t>(&'t self, tl: &'t Timeline) -> Result<Analysed<'t>, Error> {
+        let t1 = Instant::now();
+        let shown = tl.inputs.first().map_or(String::new(), |i| i.path.clone());
+        let (mut analysis, replays) = analysis::analyze_keeping(
+            tl,
+            &self.options.analysis,
+            &self.checklist.categories,
+            self.options.keep_replays,
+        )
+        .map_err(|m| Error::Usage(format!("{shown}: {m}")))?;
+        if let Some(b) = &self.prediction {
+            budget::compare::attach(&mut analysis, b);
+        }
+        self.checklist.rules.apply(&mut analysis);
+        if self.options.timing {
+            eprintln!("oomdoc: analysed in {:.3} s{}", t1.elapsed().as_secs_f64(), peak_rss());
+        }
+        Ok(Analysed { timeline: tl, analysis, replays })
+    }
+}
+
+/// `, peak RSS N kB` where /proc tells it (Linux), for `timing`.
+fn peak_rss() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| l[6..].trim().to_string()))
+        .map_or(String::new(), |v| format!(", peak RSS {v}"))
+}
