@@ -124,16 +124,6 @@ pub(crate) fn reserved_unallocated_facts(f: &mut Facts, r: &DeviceReport, doc: &
     }
 }
 
-/// The moment as messages say it ("at the OOM", "at the peak").
-pub(crate) fn moment_words(moment: &str) -> &'static str {
-    match moment {
-        "oom" => "OOM",
-        "peak" => "peak",
-        "end" => "end of the capture",
-        _ => "requested moment",
-    }
-}
-
 /// What facts need besides the timeline.
 pub struct Context<'a> {
     pub tl: &'a Timeline,
@@ -216,7 +206,7 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: &EventFacts, leaks: i
     let mut f = Facts::default();
     let r = cx.report;
     let events = &cx.dev.events;
-    f.text("moment", moment_words(r.moment), "which moment the state facts describe: OOM, peak, end or time");
+    f.text("moment", r.moment.words(), "which moment the state facts describe: OOM, peak, end or time");
     f.num("allocated_bytes", r.allocated_bytes as f64, Unit::Bytes, "bytes held by tensors at the moment");
     f.num("reserved_bytes", r.reserved_bytes as f64, Unit::Bytes, "bytes PyTorch's cache holds from the driver");
     f.num("active_bytes", r.active_bytes as f64, Unit::Bytes, "allocated plus freed-but-pending bytes");
@@ -240,7 +230,11 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: &EventFacts, leaks: i
     f.flag("oom.present", r.oom.is_some(), "there was an OOM (trace event or log message) and the moment is the last");
     f.num("oom.count", r.oom_count as f64, Unit::Count, "OOM events in the trace");
     if let Some(o) = &r.oom {
-        f.text("oom.source", o.source, "what says the OOM happened: snapshot (a trace event) or log (a message only)");
+        f.text(
+            "oom.source",
+            o.source.name(),
+            "what says the OOM happened: snapshot (a trace event) or log (a message only)",
+        );
         f.opt(
             "oom.requested_bytes",
             o.requested_bytes.map(|b| b as f64),

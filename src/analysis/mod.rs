@@ -120,6 +120,108 @@ pub struct Analysis {
     pub kernel_facts: Vec<facts::Facts>,
 }
 
+/// The moment a device's report describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Moment {
+    /// The last OOM.
+    Oom,
+    /// The highest allocated bytes of the trace.
+    Peak,
+    /// The end of the capture (the file's final state).
+    End,
+    /// A moment the user asked for (`--at 12.5s`, `--at event:N`).
+    Time,
+}
+
+impl Moment {
+    /// As JSON and the Markdown table write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Moment::Oom => "oom",
+            Moment::Peak => "peak",
+            Moment::End => "end",
+            Moment::Time => "time",
+        }
+    }
+
+    /// As messages say it ("at the OOM", "at the peak").
+    pub fn words(self) -> &'static str {
+        match self {
+            Moment::Oom => "OOM",
+            Moment::Peak => "peak",
+            Moment::End => "end of the capture",
+            Moment::Time => "requested moment",
+        }
+    }
+}
+
+impl std::fmt::Display for Moment {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// What a device's report was made from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReportSource {
+    /// A snapshot: the allocator's own data.
+    Snapshot,
+    /// Only logs and nvidia-smi describe this GPU.
+    Text,
+}
+
+impl ReportSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReportSource::Snapshot => "snapshot",
+            ReportSource::Text => "text",
+        }
+    }
+}
+
+/// What says an OOM happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OomSource {
+    /// An `oom` event in the snapshot's trace.
+    Snapshot,
+    /// Only the OOM message in a log.
+    Log,
+}
+
+impl OomSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            OomSource::Snapshot => "snapshot",
+            OomSource::Log => "log",
+        }
+    }
+}
+
+/// The caching allocator's pool a block belongs to. Declared in name order: reports list pools sorted by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pool {
+    /// Segments for requests over 1 MiB.
+    Large,
+    /// 2 MiB segments for requests of at most 1 MiB.
+    Small,
+    /// A segment whose pool the snapshot does not say.
+    Unknown,
+}
+
+impl Pool {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pool::Large => "large",
+            Pool::Small => "small",
+            Pool::Unknown => "unknown",
+        }
+    }
+}
+
 /// How bad a finding is; findings at or above `--fail-on` make the exit code 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -172,8 +274,7 @@ pub struct Finding {
 #[derive(Debug, Serialize)]
 pub struct DeviceReport {
     pub device: i64,
-    /// "oom", "peak", "end" or "time".
-    pub moment: &'static str,
+    pub moment: Moment,
     /// Index of the trace event the state is taken right after (`null`: the file's final state, no trace).
     pub event_index: Option<u32>,
     pub time_us: Option<i64>,
@@ -203,8 +304,7 @@ pub struct DeviceReport {
     /// Memory as nvidia-smi saw this GPU, and outside PyTorch over time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observed: Option<observed::ObservedMemory>,
-    /// "snapshot" (allocator data) or "text" (only logs and nvidia-smi describe this GPU).
-    pub source: &'static str,
+    pub source: ReportSource,
     /// The answer first: what filled this GPU and why (set once the rules have run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verdict: Option<verdict::Verdict>,
@@ -233,8 +333,7 @@ pub struct Totals {
 
 #[derive(Debug, Serialize)]
 pub struct OomReport {
-    /// "snapshot" (an `oom` trace event) or "log" (only the OOM message says it happened).
-    pub source: &'static str,
+    pub source: OomSource,
     /// Snapshot: the rounded block size the allocator searched for. Log: the size the message names (the
     /// segment PyTorch asked the driver for); null when the message gives none.
     pub requested_bytes: Option<u64>,
@@ -243,8 +342,7 @@ pub struct OomReport {
     pub time_us: Option<i64>,
     pub event_index: Option<u32>,
     pub stream: Option<u64>,
-    /// "small" (≤ 1 MiB requests) or "large".
-    pub pool: Option<&'static str>,
+    pub pool: Option<Pool>,
     /// Free bytes cached in the pool and stream the request could have used.
     pub cached_free_in_pool_bytes: Option<u64>,
     pub largest_free_in_pool_bytes: Option<u64>,
@@ -267,7 +365,7 @@ pub struct PeakReport {
 
 #[derive(Debug, Serialize)]
 pub struct PoolFree {
-    pub pool: &'static str,
+    pub pool: Pool,
     pub stream: u64,
     pub pool_id: (i64, i64),
     pub free_bytes: u64,
@@ -416,30 +514,30 @@ fn analyze_device<'t>(
     let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
     let oom_count = events.iter().filter(|e| e.action == Action::Oom).count();
     let last = (!events.is_empty()).then(|| events.len() as u32 - 1);
-    let (moment, idx): (&'static str, Option<u32>) = match &opts.at {
+    let (moment, idx): (Moment, Option<u32>) = match &opts.at {
         At::Auto => match last_oom {
-            Some(i) => ("oom", Some(i)),
-            None if events.is_empty() => ("end", None),
-            None => ("peak", replay.peak_allocated.1),
+            Some(i) => (Moment::Oom, Some(i)),
+            None if events.is_empty() => (Moment::End, None),
+            None => (Moment::Peak, replay.peak_allocated.1),
         },
         At::Oom => match last_oom {
-            Some(i) => ("oom", Some(i)),
+            Some(i) => (Moment::Oom, Some(i)),
             None => return Err(format!("--at oom: device {} has no OOM event in its trace", dev.device)),
         },
-        At::Peak => ("peak", replay.peak_allocated.1),
-        At::End => ("end", last),
+        At::Peak => (Moment::Peak, replay.peak_allocated.1),
+        At::End => (Moment::End, last),
         At::Event(n) => {
             if (*n as usize) >= events.len() {
                 return Err(format!("--at event:{n}: device {} has {} trace events", dev.device, events.len()));
             }
-            ("time", Some(*n))
+            (Moment::Time, Some(*n))
         }
         At::Offset(us) => {
             let t0 = events.iter().find_map(|e| e.time_us()).ok_or_else(|| {
                 format!("--at with a time: device {}'s trace has no timestamps (torch < 2.2); use event:N", dev.device)
             })?;
             let i = events.iter().rposition(|e| e.time_us().is_some_and(|t| t <= t0 + us));
-            ("time", i.map(|i| i as u32))
+            (Moment::Time, i.map(|i| i as u32))
         }
     };
     let last_event = idx.map_or(events.len().saturating_sub(1), |i| i as usize);
@@ -480,7 +578,7 @@ fn imbalance_facts(devices: &mut [DeviceReport]) {
     let held: Vec<(usize, u64)> = devices
         .iter()
         .enumerate()
-        .filter(|(_, d)| d.source == "snapshot")
+        .filter(|(_, d)| d.source == ReportSource::Snapshot)
         .map(|(i, d)| (i, d.allocated_bytes))
         .collect();
     if held.len() < 2 {
@@ -562,7 +660,7 @@ fn device_report(
     dev: &DeviceTimeline,
     opts: &Options,
     replay: &Replay,
-    moment: &'static str,
+    moment: Moment,
     idx: Option<u32>,
     oom_count: usize,
 ) -> (State, DeviceReport) {
@@ -577,19 +675,19 @@ fn device_report(
     };
 
     let free_by_pool = free_by_pool(&state);
-    let oom = (moment == "oom").then_some(idx).flatten().map(|i| {
+    let oom = (moment == Moment::Oom).then_some(idx).flatten().map(|i| {
         let e = &events[i as usize];
         let pool = if e.size <= 1 << 20 { PoolKind::Small } else { PoolKind::Large };
         let (mut free, mut largest) = (0, 0);
         for p in &free_by_pool {
-            let same_pool = p.pool == pool_name(Some(pool)) || p.pool == "unknown";
+            let same_pool = p.pool == pool_name(Some(pool)) || p.pool == Pool::Unknown;
             if same_pool && p.stream == dev.attrs(e).stream {
                 free += p.free_bytes;
                 largest = largest.max(p.largest_free_block_bytes);
             }
         }
         OomReport {
-            source: "snapshot",
+            source: OomSource::Snapshot,
             requested_bytes: Some(e.size),
             device_free_bytes: dev.attrs(e).device_free(),
             time_us: e.time_us(),
@@ -721,7 +819,7 @@ fn device_report(
         by_category: Vec::new(),
         budget: None,
         observed: None,
-        source: "snapshot",
+        source: ReportSource::Snapshot,
         verdict: None,
         holder: None,
         notes,
@@ -731,16 +829,16 @@ fn device_report(
     (state, report)
 }
 
-fn pool_name(kind: Option<PoolKind>) -> &'static str {
+fn pool_name(kind: Option<PoolKind>) -> Pool {
     match kind {
-        Some(PoolKind::Small) => "small",
-        Some(PoolKind::Large) => "large",
-        None => "unknown",
+        Some(PoolKind::Small) => Pool::Small,
+        Some(PoolKind::Large) => Pool::Large,
+        None => Pool::Unknown,
     }
 }
 
 fn free_by_pool(state: &State) -> Vec<PoolFree> {
-    let mut map: BTreeMap<(&'static str, u64, (i64, i64)), PoolFree> = BTreeMap::new();
+    let mut map: BTreeMap<(Pool, u64, (i64, i64)), PoolFree> = BTreeMap::new();
     for (seg, _, b) in state.free_blocks() {
         let pool = pool_name(seg.kind);
         let p = map.entry((pool, seg.stream, seg.pool_id)).or_insert(PoolFree {

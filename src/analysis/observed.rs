@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::facts::{Facts, Unit};
-use super::{DeviceReport, OomReport, Totals, TraceReport};
+use super::{DeviceReport, Moment, OomReport, OomSource, ReportSource, Totals, TraceReport};
 use crate::timeline::replay::Replay;
 use crate::timeline::{DeviceTimeline, GpuProcess, OomMessage, Timeline};
 
@@ -154,7 +154,7 @@ pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
     let reserved = msg.and_then(|m| m.reserved_bytes).unwrap_or(0);
     let unallocated = msg.and_then(|m| m.reserved_unallocated_bytes).unwrap_or(reserved.saturating_sub(allocated));
     let oom = msg.map(|m| OomReport {
-        source: "log",
+        source: OomSource::Log,
         requested_bytes: m.requested_bytes,
         device_free_bytes: m.free_bytes,
         time_us: m.time_us,
@@ -180,7 +180,7 @@ pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
     let observed = summarize(dev, None, msg.and_then(|m| m.time_us));
     let mut report = DeviceReport {
         device,
-        moment: if msg.is_some() { "oom" } else { "end" },
+        moment: if msg.is_some() { Moment::Oom } else { Moment::End },
         event_index: None,
         time_us: msg.and_then(|m| m.time_us),
         allocated_bytes: allocated,
@@ -202,7 +202,7 @@ pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
         by_category: Vec::new(),
         budget: None,
         observed,
-        source: "text",
+        source: ReportSource::Text,
         verdict: None,
         holder: None,
         notes,
@@ -214,12 +214,12 @@ pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
 
 fn text_only_facts(r: &DeviceReport) -> Facts {
     let mut f = Facts::default();
-    f.text("moment", super::facts::moment_words(r.moment), "which moment the state facts describe");
-    f.text("source", r.source, "snapshot (allocator data) or text (logs, nvidia-smi only)");
+    f.text("moment", r.moment.words(), "which moment the state facts describe");
+    f.text("source", r.source.name(), "snapshot (allocator data) or text (logs, nvidia-smi only)");
     f.flag("oom.present", r.oom.is_some(), "a log reported an OOM on this GPU");
     f.num("oom.count", r.oom_count as f64, Unit::Count, "OOM messages for this GPU");
     if let Some(o) = &r.oom {
-        f.text("oom.source", o.source, "what says the OOM happened: snapshot or log");
+        f.text("oom.source", o.source.name(), "what says the OOM happened: snapshot or log");
         f.opt("oom.requested_bytes", o.requested_bytes.map(|b| b as f64), Unit::Bytes, "size the message names");
         f.opt("oom.device_free_bytes", o.device_free_bytes.map(|b| b as f64), Unit::Bytes, "free on the GPU");
         f.text("oom.where", o.culprit.clone(), "the last user frame of the traceback");
@@ -316,7 +316,7 @@ pub fn outside_pytorch_facts(f: &mut Facts, r: &DeviceReport, gpu_memory: Option
             "what the request lacked: request − driver free",
         );
     }
-    let snapshot_free = r.oom.as_ref().filter(|o| o.source == "snapshot").and_then(|o| o.device_free_bytes);
+    let snapshot_free = r.oom.as_ref().filter(|o| o.source == OomSource::Snapshot).and_then(|o| o.device_free_bytes);
     let (other, source) = if let Some(free) = snapshot_free {
         (
             total.saturating_sub(free).saturating_sub(r.reserved_bytes),

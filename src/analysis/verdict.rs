@@ -10,8 +10,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::categories::CategoryCache;
-use super::facts::moment_words;
-use super::{Analysis, DeviceReport, Finding, Severity};
+use super::{Analysis, DeviceReport, Finding, Moment, ReportSource, Severity};
 use crate::timeline::replay::State;
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
 use crate::timeline::Timeline;
@@ -214,7 +213,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
             s
         }
         None => match (d.moment, &d.peak) {
-            ("peak", Some(p)) => format!(
+            (Moment::Peak, Some(p)) => format!(
                 "GPU {} peaked at {} allocated ({} reserved){}",
                 d.device,
                 bytes(p.allocated_bytes),
@@ -225,7 +224,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
             ),
             _ => format!(
                 "At the {} GPU {} held {} allocated ({} reserved)",
-                moment_words(d.moment),
+                d.moment.words(),
                 d.device,
                 bytes(d.allocated_bytes),
                 bytes(d.reserved_bytes)
@@ -245,7 +244,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
             bytes(h.bytes),
             h.stack
         )),
-        None if d.source == "text" && d.oom.is_some() => {
+        None if d.source == ReportSource::Text && d.oom.is_some() => {
             first.push_str("; without a snapshot, what held it is not known.");
         }
         None => first.push('.'),

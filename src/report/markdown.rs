@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::sections::{self, Highlight};
 use super::{percent, stream_name, when};
-use crate::analysis::{stacks::folded, Analysis, DeviceReport};
+use crate::analysis::{stacks::folded, Analysis, DeviceReport, ReportSource};
 use crate::timeline::Timeline;
 use crate::units::{bytes, duration_us};
 
@@ -126,7 +126,7 @@ fn profile_section(o: &mut String, a: &Analysis) {
 }
 
 fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
-    let place = if d.source == "text" {
+    let place = if d.source == ReportSource::Text {
         "no snapshot: from the logs and nvidia-smi".to_string()
     } else if d.trace.entries == 0 {
         "the file's final state".to_string()
@@ -152,7 +152,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
         }
         let _ = writeln!(o);
     }
-    if d.source == "text" {
+    if d.source == ReportSource::Text {
         for n in &d.notes {
             let _ = writeln!(o, "> {}", esc(n));
         }

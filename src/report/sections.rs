@@ -6,7 +6,7 @@ use super::{percent, stream_name};
 use crate::analysis::observed::ObservedMemory;
 use crate::analysis::profile::{NcuRow, ProfileSummary};
 use crate::analysis::serving::ServingSummary;
-use crate::analysis::{DeviceReport, OomReport};
+use crate::analysis::{DeviceReport, OomReport, OomSource, Pool, ReportSource};
 use crate::timeline::profile::{short_kernel_name, CopyDirection};
 use crate::timeline::{InputInfo, OomMessage};
 use crate::units::{bytes, duration_us};
@@ -52,14 +52,14 @@ fn opt_bytes(b: Option<u64>) -> String {
 /// The first line is the headline; the verdict (if any) is flagged for highlighting.
 pub fn oom_lines(oom: &OomReport) -> Vec<(Highlight, String)> {
     let mut out = Vec::new();
-    if oom.source == "snapshot" {
+    if oom.source == OomSource::Snapshot {
         let free = oom.device_free_bytes.map_or(String::new(), |f| format!("; the GPU had {} free", bytes(f)));
         out.push((
             Highlight::Headline,
             format!(
                 "needed a {} block ({} pool, {}){free}",
                 opt_bytes(oom.requested_bytes),
-                oom.pool.unwrap_or("?"),
+                oom.pool.map_or("?", Pool::name),
                 stream_name(oom.stream.unwrap_or(0)),
             ),
         ));
@@ -174,7 +174,7 @@ pub fn observed_lines(o: &ObservedMemory, d: &DeviceReport) -> Vec<String> {
         "nvidia-smi: {name}{} sample{}{}, total {}, highest used {}",
         o.samples,
         if o.samples == 1 { "" } else { "s" },
-        if d.source == "snapshot" {
+        if d.source == ReportSource::Snapshot {
             format!(" ({} on the snapshot's clock)", o.aligned_samples)
         } else {
             String::new()
@@ -185,7 +185,7 @@ pub fn observed_lines(o: &ObservedMemory, d: &DeviceReport) -> Vec<String> {
     if let Some(at) = &o.at_moment {
         out.push(format!(
             "at the {}: nvidia-smi used {}, PyTorch reserved {} → {} outside PyTorch ({} of the GPU)",
-            crate::analysis::facts::moment_words(d.moment),
+            d.moment.words(),
             bytes(at.used_bytes),
             bytes(at.reserved_bytes),
             bytes(at.non_pytorch_bytes),

@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::sections::{self, Highlight};
 use super::{percent, stream_name, when};
-use crate::analysis::{stacks::folded, Analysis, DeviceReport, Severity};
+use crate::analysis::{stacks::folded, Analysis, DeviceReport, Moment, ReportSource, Severity};
 use crate::timeline::Timeline;
 use crate::units::{bytes, duration_us};
 
@@ -120,12 +120,12 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
 
 fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
     let moment = match d.moment {
-        "oom" => st.red("at the OOM"),
-        "peak" => st.bold("at peak allocated memory"),
-        "end" => st.bold("at the end of the capture"),
-        _ => st.bold("at the requested moment"),
+        Moment::Oom => st.red("at the OOM"),
+        Moment::Peak => st.bold("at peak allocated memory"),
+        Moment::End => st.bold("at the end of the capture"),
+        Moment::Time => st.bold("at the requested moment"),
     };
-    let place = if d.source == "text" {
+    let place = if d.source == ReportSource::Text {
         "no snapshot: from the logs and nvidia-smi".to_string()
     } else if d.trace.entries == 0 {
         "the file's final state".to_string()
@@ -150,7 +150,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
             let _ = writeln!(o, "  {line}");
         }
     }
-    if d.source == "text" {
+    if d.source == ReportSource::Text {
         for n in &d.notes {
             let _ = writeln!(o, "  {} {}", st.yellow("note:"), n);
         }
@@ -186,7 +186,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
             bytes(p.reserved_bytes)
         );
     }
-    if d.moment != "end" && d.trace.entries > 0 {
+    if d.moment != Moment::End && d.trace.entries > 0 {
         let _ = writeln!(
             o,
             "  at the end: allocated {}, reserved {}",
