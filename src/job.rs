@@ -63,7 +63,7 @@ impl Checklist {
     /// The built-in checklist with a folder's rule files (and its `categories.toml`) added.
     pub fn load(dir: Option<&Path>) -> Result<Checklist, Error> {
         let mut rules = RuleSet::builtin();
-        let mut sources = vec![("rules/categories.toml".to_string(), crate::rules::builtin_categories().to_string())];
+        let mut sources = vec![("rules/categories.toml".to_string(), crate::analysis::categories::BUILTIN.to_string())];
         if let Some(d) = dir {
             rules.extend_from_dir(d)?;
             let p = d.join("categories.toml");
@@ -159,7 +159,7 @@ impl Job {
         )
         .map_err(|m| Error::Usage(format!("{shown}: {m}")))?;
         if let Some(b) = &self.prediction {
-            budget::compare::attach(&mut analysis, b);
+            analysis::prediction::attach(&mut analysis, b);
         }
         self.checklist.rules.apply(&mut analysis);
         if self.options.timing {

@@ -78,6 +78,22 @@ pub fn percent(part: u64, whole: u64) -> String {
     }
 }
 
+/// Decimal gigabytes, as model cards and planners quote them: 68719476736 → "68.7 GB".
+pub fn gb(n: u64) -> String {
+    let f = n as f64;
+    if f >= 1e12 {
+        format!("{:.2} TB", f / 1e12)
+    } else if f >= 1e9 {
+        format!("{:.1} GB", f / 1e9)
+    } else if f >= 1e6 {
+        format!("{:.0} MB", f / 1e6)
+    } else if f >= 1e3 {
+        format!("{:.0} kB", f / 1e3)
+    } else {
+        format!("{n} B")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -174,8 +174,8 @@ pub fn budget_config(data: &[u8]) {
         let Ok(run) = cli.b.run.to_run(&model) else { continue };
         let gpu = cli.b.gpu.as_deref().and_then(|g| oomdoc::budget::gpus::find(g).ok());
         if let Ok(b) = oomdoc::budget::plan(model.clone(), run, gpu, 64) {
-            std::hint::black_box(oomdoc::budget::render::render(&b, Format::Text));
-            std::hint::black_box(oomdoc::budget::render::render(&b, Format::Json));
+            std::hint::black_box(oomdoc::report::budget::render(&b, Format::Text));
+            std::hint::black_box(oomdoc::report::budget::render(&b, Format::Json));
         }
     }
 }

@@ -9,6 +9,10 @@ use serde::Deserialize;
 use crate::timeline::stacks::{FrameId, StackId, EMPTY_STACK};
 use crate::timeline::Timeline;
 
+/// The built-in patterns, `rules/categories.toml`: embedded here, by the layer that uses them (the rule files
+/// beside it are the rule engine's).
+pub const BUILTIN: &str = include_str!("../../rules/categories.toml");
+
 /// Every category a pattern may name, in report order.
 pub const CATEGORIES: [&str; 9] = [
     "parameter",
@@ -89,8 +93,7 @@ impl Categorizer {
     }
 
     pub fn builtin() -> Categorizer {
-        Categorizer::new(&[("rules/categories.toml", crate::rules::builtin_categories())])
-            .expect("built-in categories compile")
+        Categorizer::new(&[("rules/categories.toml", BUILTIN)]).expect("built-in categories compile")
     }
 
     /// Which patterns one frame matches, as bits in priority order (only the first 128 patterns count).

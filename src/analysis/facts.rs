@@ -8,11 +8,30 @@ use rustc_hash::FxHashMap;
 use super::categories::{CategoryCache, CATEGORIES};
 use super::iterations::Iterations;
 use super::{culprit, user_chain, DeviceReport};
-use crate::rules::expr::Val;
 use crate::timeline::replay::Replay;
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
 use crate::timeline::{Action, DeviceTimeline, Timeline, NO_STR};
 use crate::units::{bytes, duration_us};
+
+/// A value a fact or an expression can have.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Val {
+    Num(f64),
+    Bool(bool),
+    Str(String),
+    Missing,
+}
+
+impl Val {
+    pub fn truthy(&self) -> bool {
+        match self {
+            Val::Bool(b) => *b,
+            Val::Num(n) => *n != 0.0,
+            Val::Str(s) => !s.is_empty(),
+            Val::Missing => false,
+        }
+    }
+}
 
 /// How a fact's number reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

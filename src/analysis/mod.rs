@@ -5,6 +5,7 @@ pub mod categories;
 pub mod facts;
 pub mod iterations;
 pub mod observed;
+pub mod prediction;
 pub mod profile;
 pub mod serving;
 pub mod stacks;
@@ -300,7 +301,7 @@ pub struct DeviceReport {
     pub by_category: Vec<CategoryBytes>,
     /// The budget's prediction beside the live bytes per category (`oomdoc analyze --model …`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub budget: Option<crate::budget::compare::Comparison>,
+    pub budget: Option<prediction::Comparison>,
     /// Memory as nvidia-smi saw this GPU, and outside PyTorch over time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observed: Option<observed::ObservedMemory>,
@@ -557,7 +558,7 @@ fn analyze_device<'t>(
             let b = facts.get(&format!("live.{c}_bytes"))?.value.clone();
             let n = facts.get(&format!("live.{c}_count"))?.value.clone();
             match (b, n) {
-                (crate::rules::expr::Val::Num(b), crate::rules::expr::Val::Num(n)) if b > 0.0 => {
+                (facts::Val::Num(b), facts::Val::Num(n)) if b > 0.0 => {
                     Some(CategoryBytes { category: c, bytes: b as u64, count: n as usize })
                 }
                 _ => None,

@@ -172,7 +172,7 @@ fn primary(findings: &[&mut Finding]) -> Option<usize> {
 
 fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> Verdict {
     let fact_bytes = |name: &str| match d.facts.get(name).map(|f| &f.value) {
-        Some(crate::rules::expr::Val::Num(n)) if *n >= 0.0 => Some(*n as u64),
+        Some(super::facts::Val::Num(n)) if *n >= 0.0 => Some(*n as u64),
         _ => None,
     };
     let outside = fact_bytes("nonpytorch_bytes");

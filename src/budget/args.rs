@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use super::model::{self, Dtype, ModelFlags};
 use super::run::{Checkpointing, Lora, MixedPrecision, Mode, Offload, Optimizer, Run};
 use super::{gpus, plan, Budget};
-use crate::report::Format;
 use crate::Error;
 
 pub const BUDGET_HELP: &str =
@@ -199,9 +198,6 @@ pub struct BudgetArgs {
     /// The solver may propose up to this many GPUs in all. Default: --gpus (the hardware you have).
     #[arg(long, value_name = "N", help_heading = "Verdict", value_parser = parse_count)]
     pub max_gpus: Option<u64>,
-    /// Output format.
-    #[arg(long, short = 'f', value_enum, default_value_t = Format::Text)]
-    pub format: Format,
 }
 
 /// The options `oomdoc analyze` takes to put a prediction beside a snapshot.
@@ -281,13 +277,7 @@ impl RunArgs {
     }
 }
 
-/// Parses, plans and renders `oomdoc budget`.
-pub fn run_cli(args: &BudgetArgs) -> Result<String, Error> {
-    let b = budget(args)?;
-    Ok(super::render::render(&b, args.format))
-}
-
-/// Parses and plans `oomdoc budget` (what [`run_cli`] renders).
+/// Parses and plans `oomdoc budget`.
 pub fn budget(args: &BudgetArgs) -> Result<Budget, Error> {
     if !args.run.train && !args.run.infer {
         return Err(Error::Usage("say what to budget: --train or --infer".into()));

@@ -603,7 +603,7 @@ fn mlp_width(s: &Shape) -> (u128, String) {
 /// "12.5 GiB (13.5 GB)" for notes.
 pub fn bytes_text(n: u128) -> String {
     let n = n.min(u64::MAX as u128) as u64;
-    format!("{} ({})", crate::units::bytes(n), super::render::gb(n))
+    format!("{} ({})", crate::units::bytes(n), crate::units::gb(n))
 }
 
 #[cfg(test)]

@@ -7,11 +7,9 @@
 //! set of changes that does ([`solver`]).
 
 pub mod args;
-pub mod compare;
 pub mod estimate;
 pub mod gpus;
 pub mod model;
-pub mod render;
 pub mod run;
 pub mod solver;
 
@@ -140,4 +138,14 @@ pub fn plan(model: Model, run: Run, gpu: Option<Gpu>, max_gpus: u64) -> Result<B
 /// Bytes the budget puts in one snapshot category (`parameter`, `activation`, …).
 pub fn predicted(items: &[Item], category: &str) -> u64 {
     items.iter().filter(|i| i.category == Some(category)).map(|i| i.bytes).sum()
+}
+
+/// Weights, gradients, optimizer states and master weights: what ZeRO shards (16 bytes per parameter for
+/// mixed-precision AdamW).
+pub fn model_states(b: &Budget) -> u64 {
+    b.items
+        .iter()
+        .filter(|i| matches!(i.name.as_str(), "weights" | "gradients" | "optimizer states" | "master weights"))
+        .map(|i| i.bytes)
+        .sum()
 }

@@ -379,8 +379,8 @@ fn changes(cx: &Ctx, a: &Run, b: &Run) -> Vec<Change> {
                         .unwrap_or(0);
                     format!(
                         "; needs {} of host RAM per GPU, {} for all {}",
-                        super::render::gb(moved as u64),
-                        super::render::gb((moved * b.gpus as u128) as u64),
+                        crate::units::gb(moved as u64),
+                        crate::units::gb((moved * b.gpus as u128) as u64),
                         b.gpus
                     )
                 }

@@ -54,7 +54,16 @@ pub enum Command {
     Tui(TuiArgs),
     /// The memory budget before a run: every byte per GPU with its formula, a verdict, and what would fit.
     #[command(long_about = oomdoc::budget::args::BUDGET_HELP)]
-    Budget(oomdoc::budget::args::BudgetArgs),
+    Budget(BudgetCommand),
+}
+
+#[derive(clap::Args)]
+pub struct BudgetCommand {
+    #[command(flatten)]
+    pub budget: oomdoc::budget::args::BudgetArgs,
+    /// Output format.
+    #[arg(long, short = 'f', value_enum, default_value_t = Format::Text)]
+    pub format: Format,
 }
 
 #[derive(clap::Args)]

@@ -17,7 +17,8 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Facts(args) => facts(args),
         Command::Tui(args) => tui(args),
         Command::Budget(args) => {
-            write_out(None, &oomdoc::budget::args::run_cli(&args)?)?;
+            let budget = oomdoc::budget::args::budget(&args.budget)?;
+            write_out(None, &report::budget::render(&budget, args.format))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Rules(args) => {

@@ -169,7 +169,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
         let _ = writeln!(o, "Live memory by kind: {}.\n", parts.join(", "));
     }
     if let Some(c) = &d.budget {
-        crate::budget::render::comparison_markdown(o, c);
+        super::budget::comparison_markdown(o, c);
     }
     if !d.by_stack.is_empty() && d.allocated_bytes > 0 {
         let _ = writeln!(o, "| live bytes | share | count | allocated by |");

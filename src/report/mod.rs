@@ -1,5 +1,6 @@
 //! Renderers. They read an [`Analysis`] (and the timeline, for stacks) and know nothing of input formats.
 
+pub mod budget;
 pub mod facts_table;
 mod markdown;
 pub mod rule_list;

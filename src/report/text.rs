@@ -206,7 +206,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
         let _ = writeln!(o, "  by kind: {}", parts.join(", "));
     }
     if let Some(c) = &d.budget {
-        crate::budget::render::comparison_text(o, c);
+        super::budget::comparison_text(o, c);
     }
     if !d.by_stack.is_empty() && d.allocated_bytes > 0 {
         let _ = writeln!(o, "\n  {}", st.bold("Live memory by allocating stack"));

@@ -55,25 +55,7 @@ pub enum Op {
     Div,
 }
 
-/// A value a fact or an expression can have.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Val {
-    Num(f64),
-    Bool(bool),
-    Str(String),
-    Missing,
-}
-
-impl Val {
-    pub fn truthy(&self) -> bool {
-        match self {
-            Val::Bool(b) => *b,
-            Val::Num(n) => *n != 0.0,
-            Val::Str(s) => !s.is_empty(),
-            Val::Missing => false,
-        }
-    }
-}
+pub use crate::analysis::facts::Val;
 
 /// A parse error: where (0-based byte offset into the expression) and what was expected.
 #[derive(Debug, Clone, PartialEq)]

@@ -487,11 +487,6 @@ fn with_job(item: &Facts, job: &Facts) -> Facts {
 
 pub use crate::analysis::sort_findings;
 
-/// The built-in category patterns (`rules/categories.toml`).
-pub fn builtin_categories() -> &'static str {
-    BUILTIN_RULES.iter().find(|(n, _)| *n == "categories.toml").map_or("", |(_, t)| t)
-}
-
 impl Fact {
     fn to_json(&self) -> serde_json::Value {
         match &self.value {

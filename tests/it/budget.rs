@@ -27,7 +27,7 @@ fn item(b: &Budget, name: &str) -> u64 {
 }
 
 fn model_states(b: &Budget) -> u64 {
-    oomdoc::budget::render::model_states(b)
+    oomdoc::budget::model_states(b)
 }
 
 const LLAMA2_7B: &str = "fixtures/models/Llama-2-7b-hf.json";
@@ -46,7 +46,7 @@ fn adamw_mixed_precision_7b_is_112_gb() {
     assert_eq!(item(&b, "master weights"), 28_000_000_000);
     assert_eq!(item(&b, "optimizer states"), 56_000_000_000);
     assert_eq!(model_states(&b), 112_000_000_000);
-    assert_eq!(oomdoc::budget::render::gb(model_states(&b)), "112.0 GB");
+    assert_eq!(oomdoc::units::gb(model_states(&b)), "112.0 GB");
     // torch.autocast puts the 16 bytes elsewhere (fp32 weights and gradients, no separate master copy), same sum.
     assert_eq!(model_states(&plan("--params 7e9 --train --mixed-precision amp")), 112_000_000_000);
 }
@@ -56,7 +56,7 @@ fn zero1_on_8_gpus_is_38_5_gb_per_gpu() {
     // ZeRO-1 shards the 12 bytes of optimizer state and master weights: 2 + 2 + 12/8 = 5.5 bytes per parameter.
     let b = plan("--params 7e9 --train --zero 1 --gpus 8");
     assert_eq!(model_states(&b), 38_500_000_000);
-    assert_eq!(oomdoc::budget::render::gb(model_states(&b)), "38.5 GB");
+    assert_eq!(oomdoc::units::gb(model_states(&b)), "38.5 GB");
     // ZeRO-2 also shards the gradients: 2 + 14/8.
     assert_eq!(model_states(&plan("--params 7e9 --train --zero 2 --gpus 8")), 26_250_000_000);
 }
@@ -65,7 +65,7 @@ fn zero1_on_8_gpus_is_38_5_gb_per_gpu() {
 fn zero3_on_8_gpus_is_14_gb_per_gpu() {
     let b = plan("--params 7e9 --train --zero 3 --gpus 8");
     assert_eq!(model_states(&b), 14_000_000_000);
-    assert_eq!(oomdoc::budget::render::gb(model_states(&b)), "14.0 GB");
+    assert_eq!(oomdoc::units::gb(model_states(&b)), "14.0 GB");
     assert_eq!(model_states(&plan("--params 7e9 --train --fsdp --gpus 8")), 14_000_000_000);
 }
 
@@ -116,7 +116,7 @@ fn llama2_7b_kv_cache_4096_by_32_is_68_7_gb() {
     let b = plan(&format!("--config {LLAMA2_7B} --infer --batch 32 --seq 4096 --dtype bf16"));
     assert_eq!(item(&b, "KV cache"), 2 * 32 * 32 * 128 * 4096 * 32 * 2);
     assert_eq!(item(&b, "KV cache"), 68_719_476_736);
-    assert_eq!(oomdoc::budget::render::gb(item(&b, "KV cache")), "68.7 GB");
+    assert_eq!(oomdoc::units::gb(item(&b, "KV cache")), "68.7 GB");
 }
 
 #[test]
@@ -124,7 +124,7 @@ fn llama3_8b_gqa_kv_cache_is_17_2_gb() {
     // Grouped-query attention: 8 KV heads instead of 32, a quarter of Llama-2-7B's cache at the same shape.
     let b = plan(&format!("--config {LLAMA3_8B} --infer --batch 32 --seq 4096"));
     assert_eq!(item(&b, "KV cache"), 17_179_869_184);
-    assert_eq!(oomdoc::budget::render::gb(item(&b, "KV cache")), "17.2 GB");
+    assert_eq!(oomdoc::units::gb(item(&b, "KV cache")), "17.2 GB");
 }
 
 #[test]
@@ -132,7 +132,7 @@ fn llama3_70b_kv_cache_8192_by_32_fp16_is_85_9_gb() {
     // 2 · 80 · 8 · 128 · 8192 · 32 · 2 bytes. Sheets that print ~42.9 GB here dropped the factor 2 for K and V.
     let b = plan(&format!("--config {LLAMA3_70B} --infer --batch 32 --seq 8192 --dtype fp16"));
     assert_eq!(item(&b, "KV cache"), 85_899_345_920);
-    assert_eq!(oomdoc::budget::render::gb(item(&b, "KV cache")), "85.9 GB");
+    assert_eq!(oomdoc::units::gb(item(&b, "KV cache")), "85.9 GB");
     assert_ne!(item(&b, "KV cache"), 42_949_672_960, "the factor of 2 (K and V) must not be dropped");
     let kv = b.items.iter().find(|i| i.name == "KV cache").unwrap();
     assert_eq!(kv.formula, "2 · L · kv_heads · head_dim · T · B · bytes = 2·80·8·128·8192·32·2");

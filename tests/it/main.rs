@@ -12,6 +12,7 @@ mod budget;
 mod cli;
 mod generated_fixtures;
 mod golden;
+mod layers;
 mod nsys_sqlite;
 mod nvidia_smi;
 mod oom_messages;

@@ -1,30 +1,15 @@
-//! The budget as text, markdown or JSON, and the predicted-vs-measured table `oomdoc analyze --model` adds.
+//! `oomdoc budget`'s sheet as text, markdown or JSON, and the predicted-vs-measured table `oomdoc analyze --model`
+//! adds to a report.
 
 use std::fmt::Write;
 
-use super::compare::Comparison;
-use super::estimate::thousands;
-use super::model::count;
-use super::run::Mode;
-use super::Budget;
-use crate::report::Format;
-use crate::units::bytes;
-
-/// Decimal gigabytes, as model cards and planners quote them: 68719476736 → "68.7 GB".
-pub fn gb(n: u64) -> String {
-    let f = n as f64;
-    if f >= 1e12 {
-        format!("{:.2} TB", f / 1e12)
-    } else if f >= 1e9 {
-        format!("{:.1} GB", f / 1e9)
-    } else if f >= 1e6 {
-        format!("{:.0} MB", f / 1e6)
-    } else if f >= 1e3 {
-        format!("{:.0} kB", f / 1e3)
-    } else {
-        format!("{n} B")
-    }
-}
+use super::Format;
+use crate::analysis::prediction::Comparison;
+use crate::budget::estimate::thousands;
+use crate::budget::model::count;
+use crate::budget::run::Mode;
+use crate::budget::{model_states, Budget};
+use crate::units::{bytes, gb};
 
 pub fn render(b: &Budget, format: Format) -> String {
     match format {
@@ -96,7 +81,7 @@ fn text(b: &Budget) -> String {
             "  KV budget {} = {:.0}% of the GPU − {} for everything else",
             gb(p.kv_budget_bytes),
             b.run.gpu_memory_utilization * 100.0,
-            gb(b.total_bytes - super::predicted(&b.items, "kv_cache"))
+            gb(b.total_bytes - crate::budget::predicted(&b.items, "kv_cache"))
         );
         let _ = writeln!(
             o,
@@ -143,16 +128,6 @@ fn text(b: &Budget) -> String {
         }
     }
     o
-}
-
-/// Weights, gradients, optimizer states and master weights: what ZeRO shards (16 bytes per parameter for
-/// mixed-precision AdamW).
-pub fn model_states(b: &Budget) -> u64 {
-    b.items
-        .iter()
-        .filter(|i| matches!(i.name.as_str(), "weights" | "gradients" | "optimizer states" | "master weights"))
-        .map(|i| i.bytes)
-        .sum()
 }
 
 /// The flag that sets a knob.

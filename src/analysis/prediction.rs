@@ -3,10 +3,9 @@
 
 use serde::Serialize;
 
-use super::{predicted, Budget};
-use crate::analysis::facts::{Fact, Unit};
-use crate::analysis::{Analysis, DeviceReport};
-use crate::rules::expr::Val;
+use super::facts::{Fact, Unit, Val};
+use super::{Analysis, DeviceReport};
+use crate::budget::{predicted, Budget};
 
 /// The categories a budget predicts, in the order the table lists them.
 pub const COMPARED: [&str; 6] = ["parameter", "gradient", "optimizer_state", "activation", "kv_cache", "communication"];

@@ -1,0 +1,107 @@
+//! The library's modules form layers, and a module only uses the layers below it (ARCHITECTURE.md):
+//!
+//! ```text
+//!   tui                  browse a job's timeline             (uses report, job and below)
+//!   report               text, Markdown, JSON, budget sheet  (renders what job and analysis made)
+//!   job                  the pipeline: read → analyse → check
+//!   rules                the checklist: facts → findings
+//!   analysis             timeline → facts, the report model, the verdict
+//!   ingest · budget      readers → timeline · model + run → budget (independent of each other)
+//!   timeline             the shared model
+//!   units · huge_pages   helpers
+//! ```
+//!
+//! An import that goes up (a fact value owned by the rule engine, a budget that knows the report) makes the layers
+//! a circle; this test names the file and the line.
+
+use crate::common;
+
+const LAYERS: &[(&str, u32)] = &[
+    ("units", 0),
+    ("huge_pages", 0),
+    ("timeline", 1),
+    ("ingest", 2),
+    ("budget", 2),
+    ("analysis", 3),
+    ("rules", 4),
+    ("job", 5),
+    ("report", 6),
+    ("tui", 7),
+];
+
+fn layer(module: &str) -> Option<u32> {
+    LAYERS.iter().find(|(m, _)| *m == module).map(|(_, l)| *l)
+}
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The imports in `text` (a file of module `top`) that go to a layer at or above its own, with their line; and
+/// how many crate paths were seen.
+fn upward(top: &str, text: &str) -> (Vec<(usize, String)>, usize) {
+    let own = layer(top).unwrap_or_else(|| panic!("module {top} has no layer: add it to LAYERS"));
+    let (mut up, mut seen) = (Vec::new(), 0);
+    for (no, line) in text.lines().enumerate() {
+        let mut rest = line.split("//").next().unwrap_or("");
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            seen += 1;
+            if rest.starts_with('{') {
+                up.push((
+                    no + 1,
+                    "a grouped `crate::{…}` import: write one path per module so layers can be read".into(),
+                ));
+                continue;
+            }
+            let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            match layer(&name) {
+                Some(theirs) if name != top && theirs >= own => {
+                    up.push((no + 1, format!("{top} (layer {own}) uses crate::{name} (layer {theirs})")))
+                }
+                _ => {}
+            }
+        }
+    }
+    (up, seen)
+}
+
+#[test]
+fn the_scan_sees_an_upward_import() {
+    let text = "use crate::timeline::Timeline;\nuse crate::rules::expr::Val; // up\n// use crate::tui::App;\n";
+    let (up, seen) = upward("analysis", text);
+    assert_eq!(seen, 2);
+    assert_eq!(up, [(2, "analysis (layer 3) uses crate::rules (layer 4)".to_string())]);
+    assert_eq!(upward("ingest", "x = crate::budget::plan(m);").0.len(), 1, "a peer layer is not used either");
+}
+
+#[test]
+fn no_module_uses_a_layer_above_its_own() {
+    let src = common::root().join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    files.sort();
+    let mut seen = 0;
+    let mut up = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap();
+        let top = rel.components().next().unwrap().as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
+        // The binary (main.rs, cli/) sits above every layer; lib.rs is the root every layer may name (`Error`).
+        if top == "main" || top == "cli" || top == "lib" {
+            continue;
+        }
+        let (found, n) = upward(&top, &std::fs::read_to_string(file).unwrap());
+        seen += n;
+        up.extend(found.into_iter().map(|(line, what)| format!("{}:{line}: {what}", rel.display())));
+    }
+    assert!(seen > 100, "only {seen} crate paths seen: is the scan broken?");
+    assert!(up.is_empty(), "imports that go up or sideways:\n{}", up.join("\n"));
+}
