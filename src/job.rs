@@ -74,7 +74,7 @@ impl Checklist {
             }
         }
         let refs: Vec<(&str, &str)> = sources.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
-        let categories = Categorizer::new(&refs).map_err(Error::Usage)?;
+        let categories = Categorizer::new(&refs)?;
         Ok(Checklist { rules, categories })
     }
 }
@@ -157,7 +157,7 @@ impl Job {
             &self.checklist.categories,
             self.options.keep_replays,
         )
-        .map_err(|m| Error::Usage(format!("{shown}: {m}")))?;
+        .map_err(|source| Error::Analysis { path: shown, source })?;
         if let Some(b) = &self.prediction {
             analysis::prediction::attach(&mut analysis, b);
         }

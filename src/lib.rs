@@ -19,8 +19,21 @@ pub mod units;
 pub enum Error {
     #[error("{path}: {source}")]
     Io { path: String, source: std::io::Error },
-    #[error("{path}: {message}")]
-    Input { path: String, message: String },
+    /// An input that could not be read: which, and what its reader found wrong.
+    #[error("{path}: {source}")]
+    Input { path: String, source: ingest::ReadError },
+    /// A model config (`--model config.json`) the budget could not use.
+    #[error("{path}: {source}")]
+    Config { path: String, source: budget::model::ConfigError },
+    /// A category file that does not compile.
+    #[error(transparent)]
+    Categories(#[from] analysis::categories::CategoryError),
+    /// A moment or device asked of an input that does not have it.
+    #[error("{path}: {source}")]
+    Analysis { path: String, source: analysis::AnalysisError },
+    /// A rule file that does not parse.
+    #[error(transparent)]
+    Rule(#[from] rules::RuleError),
     #[error("{0}")]
     Usage(String),
 }

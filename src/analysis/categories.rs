@@ -54,6 +54,17 @@ struct Pattern {
     not_function: Option<Regex>,
 }
 
+/// A category file that does not compile: which file and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CategoryError(String);
+
+impl From<String> for CategoryError {
+    fn from(message: String) -> CategoryError {
+        CategoryError(message)
+    }
+}
+
 /// Compiled category patterns.
 #[derive(Clone)]
 pub struct Categorizer {
@@ -62,10 +73,10 @@ pub struct Categorizer {
 
 impl Categorizer {
     /// Compiles pattern files; later files' patterns are tried before earlier ones at equal priority.
-    pub fn new(sources: &[(&str, &str)]) -> Result<Categorizer, String> {
+    pub fn new(sources: &[(&str, &str)]) -> Result<Categorizer, CategoryError> {
         let mut patterns = Vec::new();
         for (idx, (path, text)) in sources.iter().enumerate() {
-            let f: File = toml::from_str(text).map_err(|e| format!("{path}: {}", e.message().trim()))?;
+            let f: File = toml::from_str(text).map_err(|e| CategoryError(format!("{path}: {}", e.message().trim())))?;
             for p in f.patterns {
                 let name = CATEGORIES.iter().find(|c| **c == p.name).ok_or_else(|| {
                     format!("{path}: unknown category {:?} (expected one of {})", p.name, CATEGORIES.join(", "))
@@ -74,7 +85,10 @@ impl Categorizer {
                     s.as_deref().map(|s| Regex::new(s).map_err(|e| format!("{path}: {e}"))).transpose()
                 };
                 if p.file.is_none() && p.function.is_none() {
-                    return Err(format!("{path}: a pattern for {:?} needs 'file' or 'function'", p.name));
+                    return Err(CategoryError(format!(
+                        "{path}: a pattern for {:?} needs 'file' or 'function'",
+                        p.name
+                    )));
                 }
                 patterns.push((
                     idx,

@@ -419,7 +419,20 @@ pub struct TraceReport {
 }
 
 /// Analyses every device (or the one asked for), classifying allocations with `cats`.
-pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) -> Result<Analysis, String> {
+/// A moment or device asked for that the input does not have.
+#[derive(Debug, thiserror::Error)]
+pub enum AnalysisError {
+    #[error("--device {device}: no such device in the input (devices present: {present})")]
+    NoSuchDevice { device: i64, present: String },
+    #[error("--at oom: device {0} has no OOM event in its trace")]
+    NoOom(i64),
+    #[error("--at event:{event}: device {device} has {events} trace events")]
+    NoSuchEvent { event: u32, device: i64, events: usize },
+    #[error("--at with a time: device {0}'s trace has no timestamps (torch < 2.2); use event:N")]
+    NoTimestamps(i64),
+}
+
+pub fn analyze(tl: &Timeline, opts: &Options, cats: &categories::Categorizer) -> Result<Analysis, AnalysisError> {
     analyze_keeping(tl, opts, cats, false).map(|(a, _)| a)
 }
 
@@ -430,7 +443,7 @@ pub fn analyze_keeping<'t>(
     opts: &Options,
     cats: &categories::Categorizer,
     keep_replays: bool,
-) -> Result<(Analysis, Vec<Replay<'t>>), String> {
+) -> Result<(Analysis, Vec<Replay<'t>>), AnalysisError> {
     let mut devices = Vec::new();
     let mut replays = Vec::new();
     let mut ids: Vec<i64> = tl.devices.iter().map(|d| d.device).collect();
@@ -465,10 +478,10 @@ pub fn analyze_keeping<'t>(
     if let Some(d) = opts.device {
         if devices.is_empty() {
             let have: Vec<String> = tl.devices.iter().map(|d| d.device.to_string()).collect();
-            return Err(format!(
-                "--device {d}: no such device in the input (devices present: {})",
-                if have.is_empty() { "none".into() } else { have.join(", ") }
-            ));
+            return Err(AnalysisError::NoSuchDevice {
+                device: d,
+                present: if have.is_empty() { "none".into() } else { have.join(", ") },
+            });
         }
     }
     imbalance_facts(&mut devices);
@@ -502,7 +515,7 @@ fn analyze_device<'t>(
     dev: &'t DeviceTimeline,
     opts: &Options,
     cats: &categories::Categorizer,
-) -> Result<(DeviceReport, Replay<'t>), String> {
+) -> Result<(DeviceReport, Replay<'t>), AnalysisError> {
     // The replay and the event-only facts are the two long passes over the trace and need nothing of each other:
     // run them on two cores.
     let mut cache = categories::CategoryCache::new(cats, tl);
@@ -523,20 +536,18 @@ fn analyze_device<'t>(
         },
         At::Oom => match last_oom {
             Some(i) => (Moment::Oom, Some(i)),
-            None => return Err(format!("--at oom: device {} has no OOM event in its trace", dev.device)),
+            None => return Err(AnalysisError::NoOom(dev.device)),
         },
         At::Peak => (Moment::Peak, replay.peak_allocated.1),
         At::End => (Moment::End, last),
         At::Event(n) => {
             if (*n as usize) >= events.len() {
-                return Err(format!("--at event:{n}: device {} has {} trace events", dev.device, events.len()));
+                return Err(AnalysisError::NoSuchEvent { event: *n, device: dev.device, events: events.len() });
             }
             (Moment::Time, Some(*n))
         }
         At::Offset(us) => {
-            let t0 = events.iter().find_map(|e| e.time_us()).ok_or_else(|| {
-                format!("--at with a time: device {}'s trace has no timestamps (torch < 2.2); use event:N", dev.device)
-            })?;
+            let t0 = events.iter().find_map(|e| e.time_us()).ok_or(AnalysisError::NoTimestamps(dev.device))?;
             let i = events.iter().rposition(|e| e.time_us().is_some_and(|t| t <= t0 + us));
             (Moment::Time, i.map(|i| i as u32))
         }

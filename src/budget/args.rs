@@ -298,7 +298,7 @@ pub fn budget(args: &BudgetArgs) -> Result<Budget, Error> {
         }));
     }
     let gpu = match (&args.gpu, args.gpu_memory) {
-        (Some(name), _) => Some(gpus::find(name).map_err(Error::Usage)?),
+        (Some(name), _) => Some(gpus::find(name).map_err(|e| Error::Usage(e.to_string()))?),
         (None, Some(bytes)) => Some(gpus::custom(bytes)),
         (None, None) => None,
     };

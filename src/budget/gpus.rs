@@ -23,8 +23,15 @@ const GPUS: &[(&[&str], u64, &str)] = &[
     (&["t4"], 15_360, "Tesla T4 (16 GB)"),
 ];
 
+/// A `--gpu` name not in the table.
+#[derive(Debug, thiserror::Error)]
+#[error("--gpu {name:?}: unknown GPU; known: {} (or give --gpu-memory 80GiB)", known().join(", "))]
+pub struct UnknownGpu {
+    pub name: String,
+}
+
 /// Looks a GPU up by name (case and `nvidia-`/`rtx` prefixes do not matter).
-pub fn find(name: &str) -> Result<Gpu, String> {
+pub fn find(name: &str) -> Result<Gpu, UnknownGpu> {
     let key = name.trim().to_ascii_lowercase().replace(['_', ' '], "-");
     let key = key.trim_start_matches("nvidia-").trim_start_matches("geforce-");
     for (names, mib, _) in GPUS {
@@ -32,7 +39,7 @@ pub fn find(name: &str) -> Result<Gpu, String> {
             return Ok(Gpu { name: names[0].to_string(), capacity_bytes: mib << 20 });
         }
     }
-    Err(format!("--gpu {name:?}: unknown GPU; known: {} (or give --gpu-memory 80GiB)", known().join(", ")))
+    Err(UnknownGpu { name: name.to_string() })
 }
 
 /// The primary names, for help and errors.
@@ -54,6 +61,6 @@ mod tests {
         assert_eq!(find("H100-80GB").unwrap().capacity_bytes, 81_559 << 20);
         assert_eq!(find("nvidia-h100").unwrap().name, "h100-80gb");
         assert_eq!(find("4090").unwrap().capacity_bytes, 24_564 << 20);
-        assert!(find("tpu-v5").unwrap_err().contains("a100-40gb"));
+        assert!(find("tpu-v5").unwrap_err().to_string().contains("a100-40gb"));
     }
 }

@@ -380,11 +380,26 @@ pub fn load(flags: &ModelFlags) -> Result<Model, Error> {
     from_config(flags, cfg)
 }
 
+/// Why a Hugging Face config.json could not be used (the error around it names the file).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("expected a Hugging Face config.json (JSON): {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("expected a Hugging Face config.json: a JSON object")]
+    NotAnObject,
+    /// A value no model has (a fractional layer count, a negative size).
+    #[error("{0}")]
+    Value(String),
+}
+
 /// [`load`], given the config.json already read (see [`parse_config`]).
 pub fn from_config(flags: &ModelFlags, cfg: Option<Map<String, Value>>) -> Result<Model, Error> {
     let path = flags.config.as_ref().map(|p| p.display().to_string());
     let mut notes = Vec::new();
-    let bad = |message: String| Error::Input { path: path.clone().unwrap_or_else(|| "<flags>".into()), message };
+    let bad = |message: String| Error::Config {
+        path: path.clone().unwrap_or_else(|| "<flags>".into()),
+        source: ConfigError::Value(message),
+    };
 
     let c = cfg.as_ref();
     let get = |keys: &[&str]| -> Result<Option<u64>, Error> {
@@ -678,12 +693,10 @@ fn read_config(path: &Path) -> Result<Map<String, Value>, Error> {
 /// [`read_config`] of a config.json's text; `p` names it in errors.
 pub fn parse_config(p: &str, text: &str) -> Result<Map<String, Value>, Error> {
     let p = p.to_string();
-    let v: Value = serde_json::from_str(text).map_err(|e| Error::Input {
-        path: p.clone(),
-        message: format!("expected a Hugging Face config.json (JSON): {e}"),
-    })?;
+    let v: Value =
+        serde_json::from_str(text).map_err(|e| Error::Config { path: p.clone(), source: ConfigError::Json(e) })?;
     let Value::Object(mut map) = v else {
-        return Err(Error::Input { path: p, message: "expected a Hugging Face config.json: a JSON object".into() });
+        return Err(Error::Config { path: p, source: ConfigError::NotAnObject });
     };
     // Vision-language configs (LLaVA, Mllama, Qwen2-VL) keep the language model under text_config.
     if !map.contains_key("num_hidden_layers") && !map.contains_key("n_layer") {

@@ -20,6 +20,27 @@ use crate::timeline::profile::{ProfileData, ProfileSource};
 use crate::timeline::{InputInfo, Malformed, OomMessage, ServingLog, Timeline};
 use crate::Error;
 
+/// Why an input could not be read; the error around it ([`Error::Input`]) names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
+    #[error(transparent)]
+    Ncu(#[from] ncu::NcuError),
+    #[error(transparent)]
+    Nsys(#[from] nsys::NsysError),
+    #[error("a directory is read as Nsight Systems `nsys stats` report files: {0}")]
+    NsysDir(#[source] nsys::NsysError),
+    #[error(transparent)]
+    NsysSqlite(#[from] nsys_sqlite::SqliteError),
+    /// Not a format oomdoc reads: what was looked for and what was found.
+    #[error("{0}")]
+    Unrecognised(String),
+    /// With `--strict`, a line a recognised block cannot use.
+    #[error("line {line}: expected {expected}, found {found:?} (--strict)")]
+    Strict { line: usize, expected: String, found: String },
+}
+
 /// What kind of artifact a file is. Recognised by content; `--kind` forces one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
@@ -195,7 +216,7 @@ fn sniff(path: &Path) -> Result<(Kind, Option<String>), Error> {
     let shown_first: String = first.chars().take(60).collect();
     Err(Error::Input {
         path: shown,
-        message: format!(
+        source: ReadError::Unrecognised(format!(
             "not a recognised artifact. Looked for: a PyTorch memory snapshot pickle (first byte 0x80), a training \
              log with a CUDA out-of-memory message, a vLLM log with KV-cache lines, nvidia-smi output (CSV, table, \
              -q, dmon, pmon), an Nsight Systems stats CSV or SQLite export, an Nsight Compute CSV. Found {}. Use --kind to say \
@@ -207,7 +228,7 @@ fn sniff(path: &Path) -> Result<(Kind, Option<String>), Error> {
             } else {
                 format!("text starting {shown_first:?}")
             }
-        ),
+        )),
     })
 }
 
@@ -316,7 +337,7 @@ fn profile_malformed(sources: &[ProfileSource]) -> Vec<Malformed> {
 /// An `nsys export --type sqlite` database: read now.
 fn read_nsys_sqlite(path: &Path, strict: bool, out: &mut TextArtifacts) -> Result<(), Error> {
     let shown = path.display().to_string();
-    let data = nsys_sqlite::read(path).map_err(|message| Error::Input { path: shown, message })?;
+    let data = nsys_sqlite::read(path).map_err(|e| Error::Input { path: shown, source: e.into() })?;
     let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
     let mut info = profile_input(path, "nsys_sqlite", bytes, &data.sources);
     note_malformed(&mut info, profile_malformed(&data.sources), strict)?;
@@ -347,7 +368,7 @@ fn finish_nsys_files(opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), 
     }
     let files = std::mem::take(&mut out.nsys_files);
     let data = nsys::parse_files(files.iter().map(|(_, n, t)| (n.as_str(), t.as_str())))
-        .map_err(|message| Error::Input { path: out.inputs[files[0].0].path.clone(), message })?;
+        .map_err(|e| Error::Input { path: out.inputs[files[0].0].path.clone(), source: e.into() })?;
     for (i, name, _) in &files {
         let sources: Vec<ProfileSource> = data.sources.iter().filter(|s| &s.name == name).cloned().collect();
         let info = &mut out.inputs[*i];
@@ -364,10 +385,7 @@ fn finish_nsys_files(opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), 
 /// A directory of `nsys stats --format csv --output` report files.
 fn read_nsys_dir(dir: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
     let shown = dir.display().to_string();
-    let data = nsys::read_dir(dir).map_err(|message| Error::Input {
-        path: shown.clone(),
-        message: format!("a directory is read as Nsight Systems `nsys stats` report files: {message}"),
-    })?;
+    let data = nsys::read_dir(dir).map_err(|e| Error::Input { path: shown.clone(), source: ReadError::NsysDir(e) })?;
     let mut info = profile_input(dir, "nsys", 0, &data.sources);
     note_malformed(&mut info, profile_malformed(&data.sources), opts.strict)?;
     out.profile.merge(data);
@@ -378,7 +396,7 @@ fn read_nsys_dir(dir: &Path, opts: &LoadOptions, out: &mut TextArtifacts) -> Res
 fn read_ncu(path: &Path, text: String, opts: &LoadOptions, out: &mut TextArtifacts) -> Result<(), Error> {
     let shown = path.display().to_string();
     let name = path.file_name().map_or_else(|| shown.clone(), |n| n.to_string_lossy().into_owned());
-    let data = ncu::parse(&text, Some(&name)).map_err(|message| Error::Input { path: shown.clone(), message })?;
+    let data = ncu::parse(&text, Some(&name)).map_err(|e| Error::Input { path: shown.clone(), source: e.into() })?;
     let mut info = profile_input(path, "ncu", text.len() as u64, &data.sources);
     note_malformed(&mut info, profile_malformed(&data.sources), opts.strict)?;
     out.profile.merge(data);
@@ -391,7 +409,7 @@ fn note_malformed(info: &mut InputInfo, malformed: Vec<Malformed>, strict: bool)
     if let (true, Some(m)) = (strict, malformed.first()) {
         return Err(Error::Input {
             path: info.path.clone(),
-            message: format!("line {}: expected {}, found {:?} (--strict)", m.line, m.expected, m.found),
+            source: ReadError::Strict { line: m.line, expected: m.expected.clone(), found: m.found.clone() },
         });
     }
     info.malformed_lines += malformed.len();
@@ -417,11 +435,11 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
     if n == 2 && !snapshot::sniff(&head) {
         return Err(Error::Input {
             path: shown,
-            message: format!(
+            source: ReadError::Unrecognised(format!(
                 "byte 0: not a recognised artifact: expected a PyTorch memory snapshot pickle (first byte 0x80), \
                  found {}",
                 describe_start(&head)
-            ),
+            )),
         });
     }
     let file = File::open(path).map_err(io_err)?;
@@ -443,7 +461,7 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
-    let snap = result.map_err(|e| Error::Input { path: shown.clone(), message: e.to_string() })?;
+    let snap = result.map_err(|e| Error::Input { path: shown.clone(), source: e.into() })?;
     let mut tl = snap.timeline;
     tl.inputs.push(InputInfo {
         path: shown,

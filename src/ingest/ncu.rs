@@ -61,8 +61,19 @@ pub fn sniff(text: &str) -> bool {
     false
 }
 
+/// Why a file is not an Nsight Compute export we read (one line, without the path).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NcuError(pub String);
+
+impl From<String> for NcuError {
+    fn from(message: String) -> NcuError {
+        NcuError(message)
+    }
+}
+
 /// Reads one `ncu --csv` output (a file or a captured stdout). `name_hint` names the source in bookkeeping.
-pub fn parse(text: &str, name_hint: Option<&str>) -> Result<ProfileData, String> {
+pub fn parse(text: &str, name_hint: Option<&str>) -> Result<ProfileData, NcuError> {
     let lines: Vec<(usize, String)> = text::lines(text).collect();
     let mut src = ProfileSource { name: name_hint.unwrap_or("<input>").to_string(), ..ProfileSource::default() };
     let headers: Vec<usize> =
@@ -93,7 +104,7 @@ pub fn parse(text: &str, name_hint: Option<&str>) -> Result<ProfileData, String>
                 return Ok(data);
             }
         }
-        return Err(format!(
+        return Err((format!(
             "not an Nsight Compute CSV: looked for a header row starting `\"ID\",\"Process ID\",…` with a \
              `\"Kernel Name\"` column (details page: `…,\"Metric Name\",\"Metric Unit\",\"Metric Value\"`; raw page: \
              one column per metric and a row of units), after any `==PROF==` lines and program output; found {}",
@@ -108,7 +119,8 @@ pub fn parse(text: &str, name_hint: Option<&str>) -> Result<ProfileData, String>
             } else {
                 format!("text starting {:?}", excerpt(first))
             }
-        ));
+        ))
+        .into());
     }
     let mut formats = Vec::new();
     for (k, &h) in headers.iter().enumerate() {

@@ -497,12 +497,29 @@ struct Table {
     hint: Option<String>,
 }
 
+/// Why `nsys stats` output could not be read (one line, without the path of the file given).
+#[derive(Debug, thiserror::Error)]
+pub enum NsysError {
+    /// A report file of a directory could not be read.
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    /// Not an `nsys stats` report.
+    #[error("{0}")]
+    Format(String),
+}
+
+impl From<String> for NsysError {
+    fn from(message: String) -> NsysError {
+        NsysError::Format(message)
+    }
+}
+
 /// Reads one `nsys stats` output: a CSV report file, or a console capture holding several reports. `name_hint` is
 /// the file name (`run_cuda_gpu_kern_sum.csv`), used only where the header row cannot tell (the CUDA API and the
 /// OS runtime summaries share one header). An empty text is an empty report, not an error. A capture's several
 /// report files go through [`parse_files`] or [`read_dir`], which join them before filling in what only the
 /// combined reports (`gpusum`, `apigpusum`) hold; merging single-file results would count those rows twice.
-pub fn parse(text: &str, name_hint: Option<&str>) -> Result<ProfileData, String> {
+pub fn parse(text: &str, name_hint: Option<&str>) -> Result<ProfileData, NsysError> {
     let mut data = parse_unfinished(text, name_hint)?;
     data.fill_from_combined();
     Ok(data)
@@ -510,7 +527,7 @@ pub fn parse(text: &str, name_hint: Option<&str>) -> Result<ProfileData, String>
 
 /// Reads several sibling report files (`<base>_<report>.csv`, as `nsys stats --format csv --output <base>` writes
 /// them) into one profile: `(file name, text)` pairs. Fails only when no file is an nsys report at all.
-pub fn parse_files<'a>(files: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<ProfileData, String> {
+pub fn parse_files<'a>(files: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<ProfileData, NsysError> {
     let mut data = ProfileData::default();
     let mut errors = Vec::new();
     let mut any = false;
@@ -525,20 +542,21 @@ pub fn parse_files<'a>(files: impl IntoIterator<Item = (&'a str, &'a str)>) -> R
                 data.sources.push(ProfileSource {
                     name: name.to_string(),
                     format: "not an nsys stats report".into(),
-                    skipped: vec![e],
+                    skipped: vec![e.to_string()],
                     ..ProfileSource::default()
                 });
             }
         }
     }
     if !any {
-        return Err(if errors.is_empty() {
+        return Err((if errors.is_empty() {
             "no report files: expected the `*.csv` files `nsys stats --format csv --output` writes (or `*.txt` \
              console captures)"
                 .to_string()
         } else {
             errors.join("; ")
-        });
+        })
+        .into());
     }
     data.fill_from_combined();
     Ok(data)
@@ -547,9 +565,13 @@ pub fn parse_files<'a>(files: impl IntoIterator<Item = (&'a str, &'a str)>) -> R
 /// Reads the report files of a directory (sorted by name) as in [`parse_files`]: the `*.csv` files that
 /// `nsys stats --format csv --output` writes, or, when there are none, the `*.txt` console captures. (A console
 /// capture repeats the CSV files' reports: reading both would count everything twice.)
-pub fn read_dir(dir: &Path) -> Result<ProfileData, String> {
+pub fn read_dir(dir: &Path) -> Result<ProfileData, NsysError> {
+    let io = |p: &Path| {
+        let path = p.display().to_string();
+        move |source| NsysError::Io { path, source }
+    };
     let files: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .map_err(io(dir))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_file())
         .collect();
@@ -563,14 +585,14 @@ pub fn read_dir(dir: &Path) -> Result<ProfileData, String> {
     paths.sort();
     let mut texts = Vec::new();
     for p in &paths {
-        let bytes = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let bytes = std::fs::read(p).map_err(io(p))?;
         let name = p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned());
         texts.push((name, String::from_utf8_lossy(&bytes).into_owned()));
     }
     parse_files(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())))
 }
 
-fn parse_unfinished(text: &str, name_hint: Option<&str>) -> Result<ProfileData, String> {
+fn parse_unfinished(text: &str, name_hint: Option<&str>) -> Result<ProfileData, NsysError> {
     let name = name_hint.unwrap_or("<input>").to_string();
     let file_report = name_hint.and_then(report_from_name);
     let mut source = ProfileSource { name: name.clone(), ..ProfileSource::default() };
@@ -593,13 +615,14 @@ fn parse_unfinished(text: &str, name_hint: Option<&str>) -> Result<ProfileData, 
             return Ok(data);
         }
         let first = lines.iter().map(|(_, l)| l.trim()).find(|l| !l.is_empty()).unwrap_or("");
-        return Err(format!(
+        return Err((format!(
             "not an Nsight Systems stats report: looked for an `nsys stats` header row (e.g. `Time (%),Total Time \
              (ns),Instances,Avg (ns),…,Name`, `Start (ns),Duration (ns),CorrId,…`, `Total (MB),Count,…,Operation`) \
              in CSV or console column layout, and for `Processing [...]` / `Executing '…' stats report` lines; \
              found text starting {:?}",
             excerpt(first)
-        ));
+        ))
+        .into());
     }
     if tables.is_empty() && source.skipped.is_empty() {
         source.skipped.push("console capture without any report table".into());

@@ -54,18 +54,38 @@ pub fn sniff(head: &[u8]) -> bool {
     head.starts_with(SQLITE_MAGIC)
 }
 
+/// Why an SQLite export could not be read (one line, without the path).
+#[derive(Debug, thiserror::Error)]
+pub enum SqliteError {
+    /// The file could not be opened or read.
+    #[error("{context}: {source}")]
+    Io { context: &'static str, source: std::io::Error },
+    /// SQLite refused the database or a query.
+    #[error("{context}: {source}")]
+    Db { context: String, source: rusqlite::Error },
+    /// Not an export, or a table or value not as an export has it.
+    #[error("{0}")]
+    Format(String),
+}
+
+impl From<String> for SqliteError {
+    fn from(message: String) -> SqliteError {
+        SqliteError::Format(message)
+    }
+}
+
 /// Reads an Nsight Systems SQLite export: driver memory events, kernels, copies and memsets, with one
 /// [`ProfileSource`] saying what was read, which tables were absent or empty, and which rows were unusable.
 ///
 /// Errors (one line, without the path): not an SQLite file, a truncated or corrupt database, an SQLite database with
 /// none of the tables read, a table without a column it needs, a value of the wrong type.
-pub fn read(path: &Path) -> Result<ProfileData, String> {
+pub fn read(path: &Path) -> Result<ProfileData, SqliteError> {
     check_header(path)?;
     let conn = open(path)?;
     let tables = table_names(&conn)?;
     let has = |t: &str| tables.iter().any(|n| n.eq_ignore_ascii_case(t));
     if !DATA_TABLES.iter().any(|t| has(t)) {
-        return Err(not_an_export(&tables));
+        return Err((not_an_export(&tables)).into());
     }
     let name = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
     let mut source = ProfileSource { name, format: FORMAT.to_string(), ..ProfileSource::default() };
@@ -145,48 +165,53 @@ fn plural(n: usize) -> &'static str {
 
 /// Checks the SQLite header before SQLite sees the file, to say plainly what the file is when it is not a database,
 /// and to catch a database cut short (SQLite would only find that when a query reaches the missing pages).
-fn check_header(path: &Path) -> Result<(), String> {
-    let mut file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
-    let len = file.metadata().map_err(|e| format!("cannot read: {e}"))?.len();
+fn check_header(path: &Path) -> Result<(), SqliteError> {
+    let io = |context: &'static str| move |source| SqliteError::Io { context, source };
+    let mut file = File::open(path).map_err(io("cannot open"))?;
+    let len = file.metadata().map_err(io("cannot read"))?.len();
     let mut head = Vec::with_capacity(HEADER_LEN);
-    file.by_ref().take(HEADER_LEN as u64).read_to_end(&mut head).map_err(|e| format!("cannot read: {e}"))?;
+    file.by_ref().take(HEADER_LEN as u64).read_to_end(&mut head).map_err(io("cannot read"))?;
     const EXPECTED: &str = "an SQLite database (`nsys export --type sqlite`), which starts with \"SQLite format 3\\0\"";
     if head.is_empty() {
-        return Err(format!("expected {EXPECTED}, found an empty file"));
+        return Err((format!("expected {EXPECTED}, found an empty file")).into());
     }
     if !sniff(&head) {
-        return Err(format!("not an SQLite database: expected {EXPECTED}, found {}", describe_start(&head)));
+        return Err((format!("not an SQLite database: expected {EXPECTED}, found {}", describe_start(&head))).into());
     }
     if head.len() < HEADER_LEN {
-        return Err(format!(
+        return Err((format!(
             "truncated SQLite database: the file ends at byte {} inside the {HEADER_LEN}-byte header",
             head.len()
-        ));
+        ))
+        .into());
     }
     let page_size = match u16::from_be_bytes([head[16], head[17]]) {
         1 => 65536u64,
         n => u64::from(n),
     };
     if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
-        return Err(format!(
+        return Err((format!(
             "corrupt SQLite database: the header gives a page size of {page_size} bytes (a power of two from 512 to \
              65536 expected)"
-        ));
+        ))
+        .into());
     }
     let be32 = |at: usize| u32::from_be_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
     // The page count in the header is valid when the change counter matches "version-valid-for".
     let pages = u64::from(be32(28));
     if pages > 0 && be32(24) == be32(92) && pages * page_size > len {
-        return Err(format!(
+        return Err((format!(
             "truncated SQLite database: the header says {pages} pages of {page_size} bytes ({} bytes), the file has \
              {len} bytes",
             pages * page_size
-        ));
+        ))
+        .into());
     }
     if len % page_size != 0 {
-        return Err(format!(
+        return Err((format!(
             "truncated or corrupt SQLite database: {len} bytes is not a whole number of {page_size}-byte pages"
-        ));
+        ))
+        .into());
     }
     Ok(())
 }
@@ -207,10 +232,11 @@ fn describe_start(head: &[u8]) -> String {
 }
 
 /// Opens the database read-only and immutable: SQLite takes no lock and writes nothing beside the file.
-fn open(path: &Path) -> Result<Connection, String> {
+fn open(path: &Path) -> Result<Connection, SqliteError> {
     let uri = format!("file:{}?immutable=1", uri_path(path));
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    Connection::open_with_flags(&uri, flags).map_err(|e| format!("cannot open as an SQLite database: {e}"))
+    Connection::open_with_flags(&uri, flags)
+        .map_err(|source| SqliteError::Db { context: "cannot open as an SQLite database".into(), source })
 }
 
 /// The absolute path, percent-encoded for an SQLite `file:` URI.
@@ -243,9 +269,9 @@ fn uri_path(path: &Path) -> String {
     out
 }
 
-fn table_names(conn: &Connection) -> Result<Vec<String>, String> {
+fn table_names(conn: &Connection) -> Result<Vec<String>, SqliteError> {
     let sql = "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') ORDER BY name";
-    let db_err = |e: rusqlite::Error| format!("not a readable SQLite database: {e}");
+    let db_err = |source| SqliteError::Db { context: "not a readable SQLite database".into(), source };
     let mut stmt = conn.prepare(sql).map_err(db_err)?;
     let mut rows = stmt.query([]).map_err(db_err)?;
     let mut out = Vec::new();

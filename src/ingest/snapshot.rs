@@ -298,7 +298,7 @@ impl SnapshotBuilder {
 
     fn push_event(&mut self, mut e: Event, a: EventAttrs) -> Result<Value, String> {
         self.close_open();
-        self.event_attrs.assign(&mut e, a)?;
+        self.event_attrs.assign(&mut e, a).map_err(|e| e.to_string())?;
         let idx = u32::try_from(self.events.len()).map_err(|_| "more than 4 billion trace entries".to_string())?;
         self.events.push(e);
         Ok(Value::Custom(TRACE, idx))

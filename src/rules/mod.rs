@@ -310,7 +310,7 @@ impl RuleSet {
         for f in files {
             let text = std::fs::read_to_string(&f)
                 .map_err(|e| crate::Error::Io { path: f.display().to_string(), source: e })?;
-            let rule = parse_rule(&f.display().to_string(), &text).map_err(|e| crate::Error::Usage(e.to_string()))?;
+            let rule = parse_rule(&f.display().to_string(), &text)?;
             match self.rules.iter_mut().find(|r| r.id == rule.id) {
                 Some(r) => *r = rule,
                 None => self.rules.push(rule),

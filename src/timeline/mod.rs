@@ -161,6 +161,11 @@ impl EventAttrs {
     }
 }
 
+/// A trace with more distinct stream/pool/context values than an event can name.
+#[derive(Debug, thiserror::Error)]
+#[error("more than {MAX_ATTRS} distinct stream/pool/context values in the trace")]
+pub struct TooManyAttrs;
+
 /// The distinct [`EventAttrs`] of a trace; index 0 is the defaults.
 #[derive(Clone, Debug)]
 pub struct EventAttrTable {
@@ -187,14 +192,14 @@ impl EventAttrTable {
 
     /// Gives `e` these attributes. Fails past 16.7 million distinct ones (a trace of nothing but OOMs, each with
     /// its own free figure).
-    pub fn assign(&mut self, e: &mut Event, a: EventAttrs) -> Result<(), String> {
+    pub fn assign(&mut self, e: &mut Event, a: EventAttrs) -> Result<(), TooManyAttrs> {
         e.set_attrs_id(self.intern(a)?);
         Ok(())
     }
 
     /// The index of these attributes, added if new (see [`EventAttrTable::assign`]).
     #[inline]
-    pub fn intern(&mut self, a: EventAttrs) -> Result<u32, String> {
+    pub fn intern(&mut self, a: EventAttrs) -> Result<u32, TooManyAttrs> {
         // Consecutive events mostly share their attributes: check the last one before hashing.
         if self.last.0 == a {
             return Ok(self.last.1);
@@ -203,7 +208,7 @@ impl EventAttrTable {
             Some(&id) => id,
             None => {
                 if self.list.len() >= MAX_ATTRS {
-                    return Err(format!("more than {MAX_ATTRS} distinct stream/pool/context values in the trace"));
+                    return Err(TooManyAttrs);
                 }
                 let id = self.list.len() as u32;
                 self.list.push(a);

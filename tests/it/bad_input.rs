@@ -266,3 +266,27 @@ fn hostile_megabyte_inputs_stay_within_64_times_their_size() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A typed error keeps what caused it: the io error under a file that cannot be opened, the JSON error under a
+/// config that does not parse, the reader's error under an input.
+#[test]
+fn errors_keep_what_caused_them() {
+    use std::error::Error as _;
+    let e = oomdoc::ingest::nsys_sqlite::read(std::path::Path::new("/nonexistent/report.sqlite")).unwrap_err();
+    let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>()).expect("the io error under it");
+    assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    let e = oomdoc::budget::model::parse_config("config.json", "{\"hidden_size\": ").unwrap_err();
+    assert!(e.to_string().starts_with("config.json: expected a Hugging Face config.json (JSON): "), "{e}");
+    let json = e.source().and_then(|s| s.source()).and_then(|s| s.downcast_ref::<serde_json::Error>());
+    assert!(json.is_some_and(|j| j.is_eof()), "{e:?}");
+    let bad = common::TempFile::with("bad.csv", b"\"ID\",\"Process ID\"\nnot,a,launch\n");
+    let job = oomdoc::job::Job::read(&oomdoc::job::JobOptions {
+        load: oomdoc::ingest::LoadOptions { kind: Some(oomdoc::ingest::Kind::Ncu), ..Default::default() },
+        ..oomdoc::job::JobOptions::new([bad.path()])
+    })
+    .unwrap();
+    match &job.failed[..] {
+        [oomdoc::Error::Input { path, source: oomdoc::ingest::ReadError::Ncu(_) }] => assert_eq!(path, bad.path()),
+        other => panic!("expected one Nsight Compute read error, got {other:?}"),
+    }
+}

@@ -36,7 +36,7 @@ fn scratch(test: &str) -> PathBuf {
 fn err_of(path: &Path) -> String {
     match nsys_sqlite::read(path) {
         Ok(d) => panic!("{}: read, expected an error: {:?}", path.display(), d.sources),
-        Err(e) => e,
+        Err(e) => e.to_string(),
     }
 }
 

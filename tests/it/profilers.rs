@@ -753,19 +753,19 @@ fn ncu_locale_raw_page() {
 #[test]
 fn unknown_files_are_errors_naming_what_was_looked_for() {
     let ncu_csv = read("real/ncu/ncu2020.2_csv_nvtx_details_stdout_paddle.csv");
-    let e = nsys::parse(&ncu_csv, Some("metrics.csv")).unwrap_err();
+    let e = nsys::parse(&ncu_csv, Some("metrics.csv")).unwrap_err().to_string();
     assert!(e.starts_with("not an Nsight Systems stats report: looked for an `nsys stats` header row"), "{e}");
     let nsys_csv = read("real/nsys/nsys2022.4_stats__0919_test/0919_test_gputrace.csv");
-    let e = ncu::parse(&nsys_csv, None).unwrap_err();
+    let e = ncu::parse(&nsys_csv, None).unwrap_err().to_string();
     assert!(e.starts_with("not an Nsight Compute CSV: looked for a header row starting `\"ID\",\"Process ID\""), "{e}");
     assert!(e.contains("; found text starting \"Start (ns),Duration (ns),CorrId,GrdX,"), "{e}");
     // A `Section:` table with no launch line above it cannot be read.
     let orphan = "    Section: GPU Speed Of Light Throughput\n    ---- ---- ----\n    Duration  us  1.0\n";
-    let e = ncu::parse(orphan, None).unwrap_err();
+    let e = ncu::parse(orphan, None).unwrap_err().to_string();
     assert!(e.contains("human-readable output (`Section:` blocks) but no kernel header line"), "{e}");
-    let e = ncu::parse(&read("real/ncu/ncu2025.3_h100_versions.txt"), None).unwrap_err();
+    let e = ncu::parse(&read("real/ncu/ncu2025.3_h100_versions.txt"), None).unwrap_err().to_string();
     assert!(e.contains("found text starting \"/usr/local/cuda/bin/ncu\""), "{e}");
-    assert!(ncu::parse("", None).unwrap_err().ends_with("found an empty text"));
+    assert!(ncu::parse("", None).unwrap_err().to_string().ends_with("found an empty text"));
     let none = "==PROF== Connected to process 1 (/usr/bin/python3)\n==WARNING== No kernels were profiled.\n";
     let d = ncu::parse(none, None).unwrap();
     assert!(d.is_empty() && d.sources[0].skipped.iter().any(|s| s.contains("profiled no kernel")));
