@@ -161,51 +161,51 @@ impl Reader for LogReader {
     fn read(&self, path: &Path, text: Option<String>, opts: &LoadOptions, job: &mut Collected) -> Result<(), Error> {
         let text = text_of(path, text)?;
         let job = &mut job.text;
-    let shown = path.display().to_string();
-    let mut info = InputInfo {
-        path: shown.clone(),
-        kind: "log",
-        format_version: String::new(),
-        bytes: text.len() as u64,
-        ..InputInfo::default()
-    };
-    let log = oom_log::parse(&text, &shown);
-    let serving = vllm_log::parse(&text, &shown);
-    if !log.ooms.is_empty() {
-        info.read.push(format!(
-            "{} out-of-memory report{}",
-            log.ooms.len(),
-            if log.ooms.len() == 1 { "" } else { "s" }
-        ));
+        let shown = path.display().to_string();
+        let mut info = InputInfo {
+            path: shown.clone(),
+            kind: "log",
+            format_version: String::new(),
+            bytes: text.len() as u64,
+            ..InputInfo::default()
+        };
+        let log = oom_log::parse(&text, &shown);
+        let serving = vllm_log::parse(&text, &shown);
+        if !log.ooms.is_empty() {
+            info.read.push(format!(
+                "{} out-of-memory report{}",
+                log.ooms.len(),
+                if log.ooms.len() == 1 { "" } else { "s" }
+            ));
+        }
+        if !serving.is_empty() {
+            info.kind = "vllm_log";
+            let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+            let mut parts = Vec::new();
+            let c = &serving.capacity;
+            if c.gpu_blocks.is_some() || c.tokens.is_some() || c.kv_bytes.is_some() || c.max_concurrency.is_some() {
+                parts.push("KV-cache capacity".to_string());
+            }
+            if c.too_small.is_some() {
+                parts.push("a KV-cache capacity failure".to_string());
+            }
+            if !serving.stats.is_empty() {
+                parts.push(plural(serving.stats.len(), "KV-cache usage line"));
+            }
+            if !serving.preemptions.is_empty() {
+                parts.push(plural(serving.preemptions.len(), "preemption"));
+            }
+            info.read.push(format!("vLLM: {}", parts.join(", ")));
+        }
+        if info.read.is_empty() {
+            info.read.push("no out-of-memory report and no vLLM KV-cache line".into());
+        }
+        note_malformed(&mut info, log.malformed, opts.strict)?;
+        job.ooms.extend(log.ooms);
+        job.serving.merge(serving);
+        job.inputs.push(info);
+        Ok(())
     }
-    if !serving.is_empty() {
-        info.kind = "vllm_log";
-        let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-        let mut parts = Vec::new();
-        let c = &serving.capacity;
-        if c.gpu_blocks.is_some() || c.tokens.is_some() || c.kv_bytes.is_some() || c.max_concurrency.is_some() {
-            parts.push("KV-cache capacity".to_string());
-        }
-        if c.too_small.is_some() {
-            parts.push("a KV-cache capacity failure".to_string());
-        }
-        if !serving.stats.is_empty() {
-            parts.push(plural(serving.stats.len(), "KV-cache usage line"));
-        }
-        if !serving.preemptions.is_empty() {
-            parts.push(plural(serving.preemptions.len(), "preemption"));
-        }
-        info.read.push(format!("vLLM: {}", parts.join(", ")));
-    }
-    if info.read.is_empty() {
-        info.read.push("no out-of-memory report and no vLLM KV-cache line".into());
-    }
-    note_malformed(&mut info, log.malformed, opts.strict)?;
-    job.ooms.extend(log.ooms);
-    job.serving.merge(serving);
-    job.inputs.push(info);
-    Ok(())
-}
 }
 
 /// nvidia-smi output, in any of its forms.
@@ -221,25 +221,25 @@ impl Reader for NvidiaSmiReader {
     fn read(&self, path: &Path, text: Option<String>, opts: &LoadOptions, job: &mut Collected) -> Result<(), Error> {
         let text = text_of(path, text)?;
         let job = &mut job.text;
-    let p = nvidia_smi::parse(&text, job.inputs.len(), opts.columns.as_deref());
-    let mut info = InputInfo {
-        path: path.display().to_string(),
-        kind: "nvidia_smi",
-        format_version: String::new(),
-        bytes: text.len() as u64,
-        read: p.read,
-        skipped: p.skipped,
-        ..InputInfo::default()
-    };
-    if info.read.is_empty() {
-        info.read.push("no nvidia-smi output recognised".into());
+        let p = nvidia_smi::parse(&text, job.inputs.len(), opts.columns.as_deref());
+        let mut info = InputInfo {
+            path: path.display().to_string(),
+            kind: "nvidia_smi",
+            format_version: String::new(),
+            bytes: text.len() as u64,
+            read: p.read,
+            skipped: p.skipped,
+            ..InputInfo::default()
+        };
+        if info.read.is_empty() {
+            info.read.push("no nvidia-smi output recognised".into());
+        }
+        note_malformed(&mut info, p.malformed, opts.strict)?;
+        info.malformed_lines = info.malformed_lines.max(p.malformed_lines);
+        job.gpus.extend(p.gpus);
+        job.inputs.push(info);
+        Ok(())
     }
-    note_malformed(&mut info, p.malformed, opts.strict)?;
-    info.malformed_lines = info.malformed_lines.max(p.malformed_lines);
-    job.gpus.extend(p.gpus);
-    job.inputs.push(info);
-    Ok(())
-}
 }
 
 /// An `nsys export --type sqlite` database: read now.
@@ -257,15 +257,15 @@ impl Reader for NsysSqliteReader {
     }
     fn read(&self, path: &Path, _: Option<String>, opts: &LoadOptions, job: &mut Collected) -> Result<(), Error> {
         let (strict, job) = (opts.strict, &mut job.text);
-    let shown = path.display().to_string();
-    let data = nsys_sqlite::read(path).map_err(|e| Error::Input { path: shown, source: e.into() })?;
-    let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
-    let mut info = profile_input(path, "nsys_sqlite", bytes, &data.sources);
-    note_malformed(&mut info, profile_malformed(&data.sources), strict)?;
-    job.profile.merge(data);
-    job.inputs.push(info);
-    Ok(())
-}
+        let shown = path.display().to_string();
+        let data = nsys_sqlite::read(path).map_err(|e| Error::Input { path: shown, source: e.into() })?;
+        let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+        let mut info = profile_input(path, "nsys_sqlite", bytes, &data.sources);
+        note_malformed(&mut info, profile_malformed(&data.sources), strict)?;
+        job.profile.merge(data);
+        job.inputs.push(info);
+        Ok(())
+    }
 }
 
 /// An `nsys stats` report file (or a console capture of `nsys stats`): read with its siblings at the end.
@@ -282,18 +282,18 @@ impl Reader for NsysReader {
     fn read(&self, path: &Path, text: Option<String>, _: &LoadOptions, job: &mut Collected) -> Result<(), Error> {
         let text = text_of(path, text)?;
         let job = &mut job.text;
-    let shown = path.display().to_string();
-    // The whole path names the report (its file name says which report it is): two ranks' same-named files stay
-    // apart.
-    let name = shown.clone();
-    job.inputs.push(InputInfo {
-        path: shown,
-        kind: "nsys",
-        bytes: text.len() as u64,
-        format_version: String::new(),
-        ..InputInfo::default()
-    });
-    job.nsys_files.push((job.inputs.len() - 1, name, text));
+        let shown = path.display().to_string();
+        // The whole path names the report (its file name says which report it is): two ranks' same-named files stay
+        // apart.
+        let name = shown.clone();
+        job.inputs.push(InputInfo {
+            path: shown,
+            kind: "nsys",
+            bytes: text.len() as u64,
+            format_version: String::new(),
+            ..InputInfo::default()
+        });
+        job.nsys_files.push((job.inputs.len() - 1, name, text));
         Ok(())
     }
 }
@@ -311,15 +311,16 @@ impl Reader for NcuReader {
     fn read(&self, path: &Path, text: Option<String>, opts: &LoadOptions, job: &mut Collected) -> Result<(), Error> {
         let text = text_of(path, text)?;
         let job = &mut job.text;
-    let shown = path.display().to_string();
-    let name = path.file_name().map_or_else(|| shown.clone(), |n| n.to_string_lossy().into_owned());
-    let data = ncu::parse(&text, Some(&name)).map_err(|e| Error::Input { path: shown.clone(), source: e.into() })?;
-    let mut info = profile_input(path, "ncu", text.len() as u64, &data.sources);
-    note_malformed(&mut info, profile_malformed(&data.sources), opts.strict)?;
-    job.profile.merge(data);
-    job.inputs.push(info);
-    Ok(())
-}
+        let shown = path.display().to_string();
+        let name = path.file_name().map_or_else(|| shown.clone(), |n| n.to_string_lossy().into_owned());
+        let data =
+            ncu::parse(&text, Some(&name)).map_err(|e| Error::Input { path: shown.clone(), source: e.into() })?;
+        let mut info = profile_input(path, "ncu", text.len() as u64, &data.sources);
+        note_malformed(&mut info, profile_malformed(&data.sources), opts.strict)?;
+        job.profile.merge(data);
+        job.inputs.push(info);
+        Ok(())
+    }
 }
 
 fn profile_input(path: &Path, kind: &'static str, bytes: u64, sources: &[ProfileSource]) -> InputInfo {
@@ -377,4 +378,3 @@ fn read_nsys_dir(dir: &Path, opts: &LoadOptions, job: &mut Collected) -> Result<
     out.inputs.push(info);
     Ok(())
 }
-

@@ -1,0 +1,57 @@
+//! The hook through which a caller turns containers into its own compact values as they complete.
+
+use super::*;
+
+/// Hooks that see containers as they close and may replace them with compact values.
+pub trait Builder {
+    /// `items` are the dict's keys and values interleaved. Return `Ok(Some(v))` to stand `v` in for the dict,
+    /// `Ok(None)` to keep a generic dict, `Err(message)` if the dict has the expected shape but bad contents.
+    fn close_dict(&mut self, strings: &Strings, items: &[Value]) -> Result<Option<Value>, String>;
+    /// As `close_dict`, for a list.
+    fn close_list(&mut self, items: &[Value]) -> Option<Value>;
+    /// Whether `Custom(kind, _)` values are pure functions of their container's items (interned frames and
+    /// stacks are; a trace entry, which the builder records as a side effect, is not). Pure values may be
+    /// replayed from the span cache instead of being decoded again.
+    fn is_pure(&self, _kind: u8) -> bool {
+        false
+    }
+    /// Records: dicts the builder would rather take one field at a time than as a collected item list (millions
+    /// of trace entries). Called with a dict's first key; `true` starts a record and sends its fields to
+    /// [`Builder::record_field`]. Whatever a record does not finish is forgotten at the next `record_begin`.
+    fn record_begin(&mut self, _first_key: StrId) -> bool {
+        false
+    }
+    /// One field of the open record; `false` if the builder cannot take it as is. The reader then gives up the
+    /// record and hands the same dict to [`Builder::close_dict`] instead, which says what is wrong with it.
+    fn record_field(&mut self, _key: StrId, _value: &Value) -> bool {
+        false
+    }
+    /// Closes the record, as `close_dict` would close the same dict; `None` gives it up as `record_field` does.
+    fn record_end(&mut self) -> Option<Value> {
+        None
+    }
+    /// How many records the builder expects (its guess from the file size; 0: no idea), so the memo can be
+    /// sized once instead of being copied as it doubles.
+    fn expected_records(&self) -> usize {
+        0
+    }
+    /// Where the builder's own output stands, for [`Builder::rewind`].
+    fn mark(&self) -> usize {
+        0
+    }
+    /// Forgets what the builder made since `mark`: the fast path gave up a container whose nested records the
+    /// builder had already closed, and the generic path is about to read them again.
+    fn rewind(&mut self, _mark: usize) {}
+}
+
+/// A builder that keeps everything generic.
+pub struct PlainBuilder;
+
+impl Builder for PlainBuilder {
+    fn close_dict(&mut self, _: &Strings, _: &[Value]) -> Result<Option<Value>, String> {
+        Ok(None)
+    }
+    fn close_list(&mut self, _: &[Value]) -> Option<Value> {
+        None
+    }
+}

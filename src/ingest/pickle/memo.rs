@@ -1,0 +1,240 @@
+//! The memo: 4-byte slots, most holding their value inline.
+
+use super::*;
+
+/// Memo: dense while the pickler numbers entries 0, 1, 2, … (it always does), sparse otherwise so a hostile
+/// index like 0xFFFFFFF0 costs one map entry, not 64 GB.
+///
+/// A dense slot is 4 bytes: an index into `values`, or (with `SPAN_BIT`) into `span_values`, where the memo stores
+/// of a cached span live once for all its occurrences; or the value itself, for the values a trace stores by the
+/// million: a str (torch writes each entry's `compile_context` afresh), and the builder's `Custom` values of two
+/// kinds (trace entries, frame lists). A snapshot whose frames are not shared has ~30 memo slots per trace entry;
+/// at 16 bytes a slot that alone was 500 MB for a million entries.
+#[derive(Default)]
+pub(super) struct Memo {
+    pub(super) slots: Vec<u32>,
+    pub(super) values: Vec<Value>,
+    pub(super) span_values: Vec<Value>,
+    pub(super) sparse: FxHashMap<u32, Value>,
+    /// A slot was stored twice (no pickler does that): memo references in equal bytes may then mean different
+    /// values, so the span cache turns itself off.
+    pub(super) overwritten: bool,
+    /// More values than a slot can index (2³⁰): reported as an error when the pickle ends.
+    pub(super) overflow: bool,
+    /// The kind of the `Custom` values held in slots tagged `INLINE_A` (the first kind stored) and `INLINE_B`.
+    pub(super) inline_kind: Option<u8>,
+    pub(super) inline_kind_b: Option<u8>,
+    /// Index in `values` of the one `PendingDict` that the slots of records still being read point to.
+    pub(super) pending_at: Option<u32>,
+}
+
+/// A slot's top two bits say what the rest is: an index into `values` (00), `Custom(inline_kind, id)` (01), an
+/// index into `span_values` (10), or (11) with the next bit clear `Custom(inline_kind_b, id)`, set a `Str`.
+pub(super) const TAG: u32 = 3 << 30;
+
+pub(super) const SPAN_BIT: u32 = 2 << 30;
+
+pub(super) const INLINE_BIT: u32 = 1 << 30;
+
+pub(super) const INLINE_SMALL: u32 = 3 << 30;
+
+pub(super) const SMALL_STR: u32 = 1 << 29;
+
+pub(super) const SMALL_MAX: u32 = 1 << 29;
+
+/// A memo value: stored in a table, or made from its slot.
+pub(super) enum MemoRef<'a> {
+    Stored(&'a Value),
+    Inline(Value),
+}
+
+impl std::ops::Deref for MemoRef<'_> {
+    type Target = Value;
+    #[inline]
+    fn deref(&self) -> &Value {
+        match self {
+            MemoRef::Stored(v) => v,
+            MemoRef::Inline(v) => v,
+        }
+    }
+}
+
+impl Memo {
+    #[inline]
+    pub(super) fn dense_len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Stores the next slot's value: in the slot itself when it is a str or a `Custom` of an inline kind.
+    #[inline]
+    pub(super) fn push(&mut self, v: Value) {
+        match v {
+            Value::Custom(kind, id) => return self.push_custom(kind, id),
+            Value::Str(id) if id < SMALL_MAX => return self.push_slot(INLINE_SMALL | SMALL_STR | id),
+            _ => {}
+        }
+        if self.values.len() >= INLINE_BIT as usize {
+            self.overflow = true;
+            return;
+        }
+        if self.values.len() == self.values.capacity() {
+            self.values.reserve(self.values.capacity().max(1024));
+            crate::huge_pages::advise(&self.values);
+        }
+        let at = self.values.len() as u32;
+        self.values.push(v);
+        self.push_slot(at);
+    }
+
+    #[inline]
+    pub(super) fn push_slot(&mut self, s: u32) {
+        if self.slots.len() >= INLINE_BIT as usize {
+            self.overflow = true;
+            return;
+        }
+        if self.slots.len() == self.slots.capacity() {
+            self.grow_slots();
+        }
+        self.slots.push(s);
+    }
+
+    /// Doubles the slot table; a large one goes on huge pages.
+    #[cold]
+    pub(super) fn grow_slots(&mut self) {
+        self.slots.reserve(self.slots.capacity().max(1024));
+        crate::huge_pages::advise(&self.slots);
+    }
+
+    #[inline]
+    pub(super) fn put(&mut self, idx: u32, v: Value) {
+        let i = idx as usize;
+        if i < self.slots.len() {
+            self.overwritten = true;
+            if self.values.len() >= INLINE_BIT as usize {
+                self.overflow = true;
+                return;
+            }
+            self.slots[i] = self.values.len() as u32;
+            self.values.push(v);
+        } else if i == self.slots.len() {
+            self.push(v);
+        } else {
+            self.sparse.insert(idx, v);
+        }
+    }
+
+    /// Stores `Custom(kind, id)` in the slot itself when it fits, as it does for every trace entry and frame list:
+    /// a million entries then cost 4 bytes each here instead of 20.
+    #[inline]
+    pub(super) fn push_custom(&mut self, kind: u8, id: u32) {
+        if let Some(s) = self.custom_slot(kind, id) {
+            self.push_slot(s);
+        }
+    }
+
+    /// The slot word for `Custom(kind, id)`: the value itself when it fits, else an index into `values`.
+    #[inline]
+    pub(super) fn custom_slot(&mut self, kind: u8, id: u32) -> Option<u32> {
+        let a = *self.inline_kind.get_or_insert(kind);
+        if kind == a && id < INLINE_BIT {
+            return Some(INLINE_BIT | id);
+        }
+        let b = *self.inline_kind_b.get_or_insert(kind);
+        if kind == b && id < SMALL_MAX {
+            return Some(INLINE_SMALL | id);
+        }
+        if self.values.len() >= INLINE_BIT as usize {
+            self.overflow = true;
+            return None;
+        }
+        let at = self.values.len() as u32;
+        self.values.push(Value::Custom(kind, id));
+        Some(at)
+    }
+
+    /// Takes the next slot for a record whose fields are still being read; [`Self::fill_pending`] gives it its
+    /// value. Meanwhile a reference to it reads a `PendingDict`, as it would on the ordinary path.
+    #[inline]
+    pub(super) fn push_pending(&mut self) {
+        let at = match self.pending_at {
+            Some(at) => at,
+            None => {
+                if self.values.len() >= INLINE_BIT as usize {
+                    self.overflow = true;
+                    return;
+                }
+                self.values.push(Value::PendingDict(NO_SLOT));
+                let at = self.values.len() as u32 - 1;
+                self.pending_at = Some(at);
+                at
+            }
+        };
+        self.push_slot(at);
+    }
+
+    #[inline]
+    pub(super) fn fill_pending(&mut self, idx: u32, v: &Value) {
+        let word = match *v {
+            Value::Custom(kind, id) => self.custom_slot(kind, id),
+            _ => {
+                if self.values.len() >= INLINE_BIT as usize {
+                    self.overflow = true;
+                    return;
+                }
+                self.values.push(v.clone());
+                Some(self.values.len() as u32 - 1)
+            }
+        };
+        if let (Some(w), Some(s)) = (word, self.slots.get_mut(idx as usize)) {
+            *s = w;
+        }
+    }
+
+    #[inline]
+    pub(super) fn dense_get(&self, i: usize) -> Option<MemoRef<'_>> {
+        let s = *self.slots.get(i)?;
+        match s & TAG {
+            0 => self.values.get(s as usize).map(MemoRef::Stored),
+            INLINE_BIT => Some(MemoRef::Inline(Value::Custom(self.inline_kind.unwrap_or(0), s & !TAG))),
+            SPAN_BIT => self.span_values.get((s & !TAG) as usize).map(MemoRef::Stored),
+            _ if s & SMALL_STR != 0 => Some(MemoRef::Inline(Value::Str(s & (SMALL_MAX - 1)))),
+            _ => Some(MemoRef::Inline(Value::Custom(self.inline_kind_b.unwrap_or(0), s & (SMALL_MAX - 1)))),
+        }
+    }
+
+    #[inline]
+    pub(super) fn get(&self, idx: u32) -> Option<MemoRef<'_>> {
+        self.dense_get(idx as usize).or_else(|| self.sparse.get(&idx).map(MemoRef::Stored))
+    }
+
+    /// Only slots holding a container still being filled are ever updated, and those are never span or inline
+    /// values.
+    pub(super) fn get_mut(&mut self, idx: u32) -> Option<&mut Value> {
+        match self.slots.get(idx as usize) {
+            Some(&s) if s & TAG == 0 => self.values.get_mut(s as usize),
+            Some(_) => None,
+            None => self.sparse.get_mut(&idx),
+        }
+    }
+
+    pub(super) fn mark(&self) -> (usize, usize) {
+        (self.slots.len(), self.values.len())
+    }
+
+    pub(super) fn rewind(&mut self, mark: (usize, usize)) {
+        self.slots.truncate(mark.0);
+        self.values.truncate(mark.1);
+        if self.pending_at.is_some_and(|at| at as usize >= mark.1) {
+            self.pending_at = None;
+        }
+    }
+
+    /// The values stored in dense slots from `from` on.
+    pub(super) fn stored_since(&self, from: usize) -> impl Iterator<Item = MemoRef<'_>> {
+        (from..self.slots.len()).filter_map(|i| self.dense_get(i))
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.slots.len() + self.sparse.len()
+    }
+}
