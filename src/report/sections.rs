@@ -4,10 +4,11 @@
 
 use super::{percent, stream_name};
 use crate::analysis::observed::ObservedMemory;
+use crate::analysis::profile::short_kernel_name;
 use crate::analysis::profile::{NcuRow, ProfileSummary};
 use crate::analysis::serving::ServingSummary;
 use crate::analysis::{DeviceReport, OomReport, OomSource, Pool, ReportSource};
-use crate::timeline::profile::{short_kernel_name, CopyDirection};
+use crate::timeline::profile::CopyDirection;
 use crate::timeline::{InputInfo, OomMessage};
 use crate::units::{bytes, duration_us};
 

@@ -492,7 +492,7 @@ fn draw_ncu(f: &mut Frame, app: &App, area: Rect) {
         let line = Line::from(vec![
             Span::from(format!("{dur:>9} {} {}  ", pct(r.memory_throughput_pct), pct(r.sm_throughput_pct))),
             Span::from(format!("{:<9}", short_class(class))).fg(class_color(class)),
-            Span::from(crate::timeline::profile::short_kernel_name(&r.name)),
+            Span::from(crate::analysis::profile::short_kernel_name(&r.name)),
         ]);
         lines.push(if i == app.selected { line.reversed() } else { line });
     }

@@ -5,10 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use oomdoc::analysis::profile::{nccl_collective, CollectiveOp};
 use oomdoc::ingest::nsys_sqlite;
-use oomdoc::timeline::profile::{
-    nccl_collective, CollectiveOp, CopyDirection, Dim3, DriverMemoryOp, GpuOpKind, ProfileData,
-};
+use oomdoc::timeline::profile::{CopyDirection, Dim3, DriverMemoryOp, GpuOpKind, ProfileData};
 
 const MIB: u64 = 1 << 20;
 const MEMUSAGE: &str = "nsys_memusage_ddp.sqlite";

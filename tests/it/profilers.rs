@@ -5,11 +5,9 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
+use oomdoc::analysis::profile::{nccl_collective, BoundThresholds, Boundedness, CollectiveOp, NcclNaming};
 use oomdoc::ingest::{ncu, nsys};
-use oomdoc::timeline::profile::{
-    nccl_collective, BoundThresholds, Boundedness, CollectiveOp, CopyDirection, Dim3, GpuOpKind, NcclNaming, NcuKernel,
-    ProfileData,
-};
+use oomdoc::timeline::profile::{CopyDirection, Dim3, GpuOpKind, NcuKernel, ProfileData};
 
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(rel)

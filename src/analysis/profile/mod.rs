@@ -6,10 +6,17 @@
 use serde::Serialize;
 
 use super::facts::{Facts, Unit};
-use crate::timeline::profile::{
-    top_by, AllocatorCalls, CollectiveCount, CollectiveOp, CopyDirection, DriverMemoryEvent, DriverMemoryOp, NcuKernel,
-    ProfileData, RangeCollectives, StepCounts,
-};
+use crate::timeline::profile::{CopyDirection, DriverMemoryEvent, DriverMemoryOp, NcuKernel, ProfileData};
+
+mod allocator_calls;
+mod kernels;
+mod nccl;
+mod steps;
+
+pub use allocator_calls::AllocatorCalls;
+pub use kernels::{short_kernel_name, top_by, BoundThresholds, Boundedness};
+pub use nccl::{nccl_collective, Collective, CollectiveCount, CollectiveOp, NcclNaming, RangeCollectives};
+pub use steps::{is_optimizer_kernel, MicrobatchCue, StepCounts, StepStructure};
 
 /// How many kernels each top list shows.
 const TOP_KERNELS: usize = 5;
@@ -375,9 +382,9 @@ pub fn facts(s: &ProfileSummary, f: &mut Facts) {
 pub fn kernel_facts(k: &NcuKernel) -> Facts {
     let mut f = Facts::default();
     f.text("kernel.name", k.name.clone(), "the kernel's name as Nsight Compute wrote it");
-    f.text("kernel.short_name", crate::timeline::profile::short_kernel_name(&k.name), "the name without templates");
+    f.text("kernel.short_name", short_kernel_name(&k.name), "the name without templates");
     f.num("kernel.id", k.id as f64, Unit::Count, "the launch's ID in the export");
-    let nccl = crate::timeline::profile::nccl_collective(&k.name);
+    let nccl = nccl_collective(&k.name);
     f.flag("kernel.nccl", nccl.is_some(), "an NCCL collective kernel");
     if let Some(c) = nccl {
         f.text("kernel.collective", c.op.name(), "the NCCL collective (AllReduce, AllGather …)");
