@@ -679,42 +679,102 @@ fn device_report(
     let events = &dev.events;
     let state = if events.is_empty() { State::from_segments(&dev.segments) } else { replay.state_at(idx) };
     let time_us = idx.and_then(|i| events[i as usize].time_us());
-    let end = if events.is_empty() {
-        Totals { allocated_bytes: state.allocated, reserved_bytes: state.reserved, active_bytes: state.active }
-    } else {
-        let f = State::from_segments(&dev.segments);
-        Totals { allocated_bytes: f.allocated, reserved_bytes: f.reserved, active_bytes: f.active }
-    };
-
     let free_by_pool = free_by_pool(&state);
-    let oom = (moment == Moment::Oom).then_some(idx).flatten().map(|i| {
-        let e = &events[i as usize];
-        let pool = if e.size <= 1 << 20 { PoolKind::Small } else { PoolKind::Large };
-        let (mut free, mut largest) = (0, 0);
-        for p in &free_by_pool {
-            let same_pool = p.pool == pool_name(Some(pool)) || p.pool == Pool::Unknown;
-            if same_pool && p.stream == dev.attrs(e).stream {
-                free += p.free_bytes;
-                largest = largest.max(p.largest_free_block_bytes);
-            }
-        }
-        OomReport {
-            source: OomSource::Snapshot,
-            requested_bytes: Some(e.size),
-            device_free_bytes: dev.attrs(e).device_free(),
-            time_us: e.time_us(),
-            event_index: Some(i),
-            stream: Some(dev.attrs(e).stream),
-            pool: Some(pool_name(Some(pool))),
-            cached_free_in_pool_bytes: Some(free),
-            largest_free_in_pool_bytes: Some(largest),
-            fits_in_cached_free: Some(e.size <= free),
-            stack: stack_frames(tl, e.stack).iter().map(FrameView::full).collect(),
-            culprit: culprit(tl, e.stack),
-            message: observed::last_oom_message(tl, dev.device).cloned(),
-        }
+    let oom = (moment == Moment::Oom).then_some(idx).flatten().map(|i| oom_report(tl, dev, i, &free_by_pool));
+    let (top_allocations, by_stack, live_count, no_stack) = live_allocations(tl, dev, &state, time_us, opts.top);
+    let trace = trace_report(dev, replay);
+    let peak = (!events.is_empty()).then(|| PeakReport {
+        allocated_bytes: replay.peak_allocated.0,
+        event_index: replay.peak_allocated.1,
+        time_us: replay.peak_allocated.1.and_then(|i| events[i as usize].time_us()),
+        reserved_bytes: replay.peak_reserved.0,
     });
+    let notes = notes(tl, dev, replay, &trace, no_stack, live_count, oom_count);
+    let mut report = DeviceReport {
+        device: dev.device,
+        moment,
+        event_index: idx,
+        time_us,
+        allocated_bytes: state.allocated,
+        reserved_bytes: state.reserved,
+        active_bytes: state.active,
+        pending_free_bytes: state.active - state.allocated,
+        reserved_unallocated_bytes: state.reserved.saturating_sub(state.allocated),
+        largest_free_block_bytes: state.largest_free_block(),
+        segments: state.segments.len(),
+        blocks: state.block_count(),
+        oom,
+        oom_count,
+        peak,
+        end: end_totals(dev, &state),
+        free_by_pool,
+        top_allocations,
+        by_stack,
+        trace,
+        by_category: Vec::new(),
+        budget: None,
+        observed: None,
+        source: ReportSource::Snapshot,
+        verdict: None,
+        holder: None,
+        notes,
+        facts: facts::Facts::default(),
+    };
+    report.observed = observed::summarize(dev, Some(replay), report.time_us);
+    (state, report)
+}
 
+/// The file's final state (what a trace replays to), or the moment's own without a trace.
+fn end_totals(dev: &DeviceTimeline, state: &State) -> Totals {
+    let f;
+    let end = if dev.events.is_empty() {
+        state
+    } else {
+        f = State::from_segments(&dev.segments);
+        &f
+    };
+    Totals { allocated_bytes: end.allocated, reserved_bytes: end.reserved, active_bytes: end.active }
+}
+
+/// The OOM at trace event `i`: what was asked, where, and what the pool it would come from had free.
+fn oom_report(tl: &Timeline, dev: &DeviceTimeline, i: u32, free_by_pool: &[PoolFree]) -> OomReport {
+    let e = &dev.events[i as usize];
+    let pool = if e.size <= 1 << 20 { PoolKind::Small } else { PoolKind::Large };
+    let (mut free, mut largest) = (0, 0);
+    for p in free_by_pool {
+        let same_pool = p.pool == pool_name(Some(pool)) || p.pool == Pool::Unknown;
+        if same_pool && p.stream == dev.attrs(e).stream {
+            free += p.free_bytes;
+            largest = largest.max(p.largest_free_block_bytes);
+        }
+    }
+    OomReport {
+        source: OomSource::Snapshot,
+        requested_bytes: Some(e.size),
+        device_free_bytes: dev.attrs(e).device_free(),
+        time_us: e.time_us(),
+        event_index: Some(i),
+        stream: Some(dev.attrs(e).stream),
+        pool: Some(pool_name(Some(pool))),
+        cached_free_in_pool_bytes: Some(free),
+        largest_free_in_pool_bytes: Some(largest),
+        fits_in_cached_free: Some(e.size <= free),
+        stack: stack_frames(tl, e.stack).iter().map(FrameView::full).collect(),
+        culprit: culprit(tl, e.stack),
+        message: observed::last_oom_message(tl, dev.device).cloned(),
+    }
+}
+
+/// The `top` largest live allocations and stacks at the moment, how many were live, and how many (and how many
+/// bytes) had no stack.
+fn live_allocations(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    state: &State,
+    time_us: Option<i64>,
+    top: usize,
+) -> (Vec<Allocation>, Vec<StackGroup>, usize, (usize, u64)) {
+    let events = &dev.events;
     let now = time_us.or_else(|| events.iter().rev().find_map(|e| e.time_us()));
     let mut live: Vec<Allocation> = state
         .allocated_blocks()
@@ -734,9 +794,23 @@ fn device_report(
         })
         .collect();
     live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.address.cmp(&b.address)));
+    let by_stack = stack_groups(tl, &live, top);
+    let no_stack =
+        live.iter().filter(|a| a.stack_id == EMPTY_STACK).fold((0usize, 0u64), |acc, a| (acc.0 + 1, acc.1 + a.bytes));
+    let live_count = live.len();
+    live.truncate(top);
+    for a in &mut live {
+        a.culprit = culprit(tl, a.stack_id);
+        a.stack = stack_frames(tl, a.stack_id).iter().map(FrameView::full).collect();
+    }
+    (live, by_stack, live_count, no_stack)
+}
 
+/// Live bytes per allocating stack, the `top` largest, each named by as many callers as it takes to tell the
+/// listed stacks apart (at least 3, at most 8).
+fn stack_groups(tl: &Timeline, live: &[Allocation], top: usize) -> Vec<StackGroup> {
     let mut groups: FxHashMap<StackId, (u64, usize)> = FxHashMap::default();
-    for a in &live {
+    for a in live {
         let g = groups.entry(a.stack_id).or_default();
         g.0 += a.bytes;
         g.1 += 1;
@@ -753,8 +827,7 @@ fn device_report(
         })
         .collect();
     by_stack.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack_id.cmp(&b.stack_id)));
-    by_stack.truncate(opts.top);
-    // Show as many callers as it takes to tell the listed stacks apart (at least 3, at most 8).
+    by_stack.truncate(top);
     let mut depth = 3;
     while depth < 8 {
         let chains: rustc_hash::FxHashSet<String> =
@@ -769,16 +842,12 @@ fn device_report(
         g.callers = user_chain(tl, g.stack_id, depth);
         g.stack = stack_frames(tl, g.stack_id).iter().map(FrameView::full).collect();
     }
+    by_stack
+}
 
-    let no_stack =
-        live.iter().filter(|a| a.stack_id == EMPTY_STACK).fold((0usize, 0u64), |acc, a| (acc.0 + 1, acc.1 + a.bytes));
-    let live_count = live.len();
-    live.truncate(opts.top);
-    for a in &mut live {
-        a.culprit = culprit(tl, a.stack_id);
-        a.stack = stack_frames(tl, a.stack_id).iter().map(FrameView::full).collect();
-    }
-
+/// What the trace holds (entries per action, its span) and how completely the replay could follow it.
+fn trace_report(dev: &DeviceTimeline, replay: &Replay) -> TraceReport {
+    let events = &dev.events;
     let mut counts = [0usize; Action::Unknown as usize + 1];
     for e in events {
         counts[e.action as usize] += 1;
@@ -787,7 +856,7 @@ fn device_report(
         Action::ALL.iter().filter(|&&a| counts[a as usize] > 0).map(|&a| (a.name(), counts[a as usize])).collect();
     let first_time_us = events.iter().find_map(|e| e.time_us());
     let last_time_us = events.iter().rev().find_map(|e| e.time_us());
-    let trace = TraceReport {
+    TraceReport {
         entries: events.len(),
         first_time_us,
         last_time_us,
@@ -797,48 +866,7 @@ fn device_report(
         frees_without_alloc: replay.completeness.frees_without_alloc,
         live_without_alloc: replay.completeness.live_without_alloc,
         replay_matches_file: (!events.is_empty()).then(|| replay.end_mismatch.is_none()),
-    };
-
-    let peak = (!events.is_empty()).then(|| PeakReport {
-        allocated_bytes: replay.peak_allocated.0,
-        event_index: replay.peak_allocated.1,
-        time_us: replay.peak_allocated.1.and_then(|i| events[i as usize].time_us()),
-        reserved_bytes: replay.peak_reserved.0,
-    });
-
-    let notes = notes(tl, dev, replay, &trace, no_stack, live_count, oom_count);
-    let mut report = DeviceReport {
-        device: dev.device,
-        moment,
-        event_index: idx,
-        time_us,
-        allocated_bytes: state.allocated,
-        reserved_bytes: state.reserved,
-        active_bytes: state.active,
-        pending_free_bytes: state.active - state.allocated,
-        reserved_unallocated_bytes: state.reserved.saturating_sub(state.allocated),
-        largest_free_block_bytes: state.largest_free_block(),
-        segments: state.segments.len(),
-        blocks: state.block_count(),
-        oom,
-        oom_count,
-        peak,
-        end,
-        free_by_pool,
-        top_allocations: live,
-        by_stack,
-        trace,
-        by_category: Vec::new(),
-        budget: None,
-        observed: None,
-        source: ReportSource::Snapshot,
-        verdict: None,
-        holder: None,
-        notes,
-        facts: facts::Facts::default(),
-    };
-    report.observed = observed::summarize(dev, Some(replay), report.time_us);
-    (state, report)
+    }
 }
 
 fn pool_name(kind: Option<PoolKind>) -> Pool {
