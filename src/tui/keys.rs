@@ -5,18 +5,29 @@ use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use super::app::{Action, Jump};
 
 /// One binding: the keys as shown in help (empty: shown with the binding before it), what it does, which key
-/// events it matches, and the action.
+/// events it matches, the action, and its place and words in the status bar (place 0: not shown there).
 pub struct Binding {
     pub keys: &'static str,
     pub help: &'static str,
     matches: fn(&KeyEvent) -> bool,
     pub action: Action,
+    pub status: (u8, &'static str),
 }
 
 macro_rules! bind {
     ($keys:expr, $help:expr, |$k:ident| $m:expr, $action:expr) => {
-        Binding { keys: $keys, help: $help, matches: |$k: &KeyEvent| $m, action: $action }
+        bind!($keys, $help, |$k| $m, $action, (0, ""))
     };
+    ($keys:expr, $help:expr, |$k:ident| $m:expr, $action:expr, $status:expr) => {
+        Binding { keys: $keys, help: $help, matches: |$k: &KeyEvent| $m, action: $action, status: $status }
+    };
+}
+
+/// The status bar's one line of keys, from the table.
+pub fn status_line(table: &[Binding]) -> String {
+    let mut shown: Vec<&(u8, &str)> = table.iter().map(|b| &b.status).filter(|s| s.0 > 0).collect();
+    shown.sort_by_key(|s| s.0);
+    shown.iter().map(|s| s.1).collect::<Vec<_>>().join("  ")
 }
 
 pub fn bindings() -> Vec<Binding> {
@@ -25,7 +36,8 @@ pub fn bindings() -> Vec<Binding> {
             "← →",
             "previous / next event",
             |k| k.code == KeyCode::Left && !k.modifiers.contains(KeyModifiers::SHIFT),
-            Action::Step(-1)
+            Action::Step(-1),
+            (1, "←→ step")
         ),
         bind!("", "", |k| k.code == KeyCode::Right && !k.modifiers.contains(KeyModifiers::SHIFT), Action::Step(1)),
         bind!(
@@ -40,43 +52,71 @@ pub fn bindings() -> Vec<Binding> {
             |k| matches!(k.code, KeyCode::Right) && k.modifiers.contains(KeyModifiers::SHIFT),
             Action::Step(100)
         ),
-        bind!("PgUp PgDn", "a twentieth of the trace back / forward", |k| k.code == KeyCode::PageUp, Action::Page(-1)),
+        bind!(
+            "PgUp PgDn",
+            "a twentieth of the trace back / forward",
+            |k| k.code == KeyCode::PageUp,
+            Action::Page(-1),
+            (2, "PgUp/PgDn page")
+        ),
         bind!("", "", |k| k.code == KeyCode::PageDown, Action::Page(1)),
-        bind!("o", "jump to the OOM", |k| k.code == KeyCode::Char('o'), Action::Jump(Jump::Oom)),
-        bind!("p", "jump to the peak", |k| k.code == KeyCode::Char('p'), Action::Jump(Jump::Peak)),
+        bind!("o", "jump to the OOM", |k| k.code == KeyCode::Char('o'), Action::Jump(Jump::Oom), (3, "o OOM")),
+        bind!("p", "jump to the peak", |k| k.code == KeyCode::Char('p'), Action::Jump(Jump::Peak), (4, "p peak")),
         bind!("Home End", "jump to the start / the end", |k| k.code == KeyCode::Home, Action::Jump(Jump::Start)),
         bind!("", "", |k| k.code == KeyCode::End, Action::Jump(Jump::End)),
         bind!(
             "Tab",
             "next panel: live allocations, segments, findings, profile",
             |k| k.code == KeyCode::Tab,
-            Action::NextPanel
+            Action::NextPanel,
+            (5, "Tab panel")
         ),
         bind!("", "", |k| k.code == KeyCode::BackTab, Action::PrevPanel),
-        bind!("↑ ↓", "select a row", |k| k.code == KeyCode::Up || k.code == KeyCode::Char('k'), Action::Select(-1)),
+        bind!(
+            "↑ ↓",
+            "select a row",
+            |k| k.code == KeyCode::Up || k.code == KeyCode::Char('k'),
+            Action::Select(-1),
+            (6, "↑↓ select")
+        ),
         bind!("", "", |k| k.code == KeyCode::Down || k.code == KeyCode::Char('j'), Action::Select(1)),
         bind!(
             "Enter",
             "open the selected row (a stack, or where a finding points)",
             |k| k.code == KeyCode::Enter,
-            Action::Open
+            Action::Open,
+            (7, "Enter open")
         ),
-        bind!("s", "sort live allocations: size, age, stream", |k| k.code == KeyCode::Char('s'), Action::CycleSort),
-        bind!("g", "group live allocations by allocating stack", |k| k.code == KeyCode::Char('g'), Action::ToggleGroup),
+        bind!(
+            "s",
+            "sort live allocations: size, age, stream",
+            |k| k.code == KeyCode::Char('s'),
+            Action::CycleSort,
+            (10, "s sort")
+        ),
+        bind!(
+            "g",
+            "group live allocations by allocating stack",
+            |k| k.code == KeyCode::Char('g'),
+            Action::ToggleGroup,
+            (9, "g group")
+        ),
         bind!(
             "/",
             "filter live allocations by text in their stack",
             |k| k.code == KeyCode::Char('/'),
-            Action::StartFilter
+            Action::StartFilter,
+            (8, "/ filter")
         ),
         bind!("d", "next GPU", |k| k.code == KeyCode::Char('d'), Action::NextDevice),
-        bind!("?", "this help", |k| k.code == KeyCode::Char('?'), Action::ToggleHelp),
+        bind!("?", "this help", |k| k.code == KeyCode::Char('?'), Action::ToggleHelp, (11, "? help")),
         bind!(
             "q Esc",
             "quit (Esc closes help or the stack first)",
             |k| k.code == KeyCode::Char('q')
                 || (k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL)),
-            Action::Quit
+            Action::Quit,
+            (12, "q quit")
         ),
         bind!("", "", |k| k.code == KeyCode::Esc, Action::Back),
     ]
@@ -95,5 +135,27 @@ pub fn filter_action(key: &KeyEvent) -> Option<Action> {
         KeyCode::Backspace => Some(Action::FilterBackspace),
         KeyCode::Char(c) => Some(Action::FilterChar(c)),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_bar_key_is_a_binding_of_the_table() {
+        let table = bindings();
+        let line = status_line(&table);
+        assert!(line.starts_with("←→ step  PgUp/PgDn page  o OOM"), "{line}");
+        // Each status entry names the first key of its binding's help keys (arrows written together).
+        for b in table.iter().filter(|b| b.status.0 > 0) {
+            let first = b.keys.split_whitespace().next().unwrap_or("");
+            let shown = b.status.1.split_whitespace().next().unwrap_or("");
+            assert!(
+                shown.replace("/", " ").contains(first) || shown.starts_with(first.chars().next().unwrap()),
+                "{}",
+                b.status.1
+            );
+        }
     }
 }

@@ -503,10 +503,7 @@ fn draw_status(f: &mut Frame, app: &App, area: Rect) {
     let line = if app.filtering {
         Line::from(vec![Span::from("filter: ").bold(), Span::from(app.filter.clone()), Span::from("▏")])
     } else {
-        Line::from(
-            "←→ step  PgUp/PgDn page  o OOM  p peak  Tab panel  ↑↓ select  Enter open  / filter  g group  s sort  ? help  q quit",
-        )
-        .dim()
+        Line::from(keys::status_line(&keys::bindings())).dim()
     };
     f.render_widget(Paragraph::new(line), area);
 }
