@@ -1,7 +1,9 @@
 //! oomdoc: tells you why your GPU job ran out of memory, and what to change.
 //!
 //! Data flows one way: [`ingest`] reads artifacts into a [`timeline::Timeline`], [`analysis`] derives facts
-//! (the allocator state at the OOM, the biggest culprits), [`report`] renders them.
+//! (the allocator state at the OOM, the biggest culprits), [`rules`] turn them into findings and the verdict,
+//! [`report`] renders them. [`job`] is the pipeline that runs those steps for every caller. ARCHITECTURE.md has
+//! the layers (a test keeps imports from going up them) and where each concept lives.
 
 pub mod analysis;
 pub mod budget;
