@@ -16,11 +16,17 @@ use oomdoc::rules::Severity;
     version,
     about = "Tells you why your GPU job ran out of memory, and what to change.",
     long_about = "Tells you why your GPU job ran out of memory, and what to change.\n\n\
-        Give it what the failed job left behind. Today that is the PyTorch memory snapshot written by\n\
-        torch.cuda.memory._dump_snapshot(); oomdoc reads every version (torch 1.13 to 2.15) without\n\
-        executing the pickle, rebuilds the allocator's state at the OOM, and runs the OOM checklist\n\
-        (see `oomdoc rules`).\n\n\
-        Capture one with:\n    \
+        Give it what the failed job left behind, any mix, each recognised by its content:\n  \
+        PyTorch memory snapshots   torch.cuda.memory._dump_snapshot(), every version (torch 1.13 to 2.15),\n                             \
+        one per rank; read without executing the pickle\n  \
+        training and server logs   the CUDA out-of-memory message; vLLM's KV-cache lines\n  \
+        nvidia-smi output          --query-gpu CSV logs, the default table, -q, dmon, pmon\n  \
+        Nsight Systems exports     nsys stats CSV reports (or their folder), the SQLite export\n  \
+        Nsight Compute exports     ncu --csv pages, or its human-readable output\n\
+        Any of them may be compressed (gzip, zstd, xz, bzip2), in an archive (.tar, .tar.gz, .zip) or in a\n\
+        folder. oomdoc rebuilds the allocator's state at the OOM, runs the OOM checklist (oomdoc rules)\n\
+        and leads with a verdict: what filled the GPU, and the causes ranked by the bytes they explain.\n\n\
+        Capture a snapshot with:\n    \
         torch.cuda.memory._record_memory_history(max_entries=100000)\n    \
         ... run the failing step ...\n    \
         torch.cuda.memory._dump_snapshot(\"mem_snapshot.pickle\")",
@@ -34,7 +40,14 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Rebuild the allocator's state at the OOM (or the peak), say what held the memory, and why it ran out.
-    #[command(after_help = "Examples:\n  oomdoc analyze mem_snapshot.pickle\n  \
+    #[command(after_help = "Examples: one per kind of input\n  \
+        oomdoc analyze mem_snapshot.pickle                   # a snapshot\n  \
+        oomdoc analyze rank0.pickle rank1.pickle train.log   # snapshots per rank and the log\n  \
+        oomdoc analyze train.log nvidia-smi.csv              # no snapshot: OOM message, nvidia-smi\n  \
+        oomdoc analyze vllm_server.log                       # a vLLM server's KV cache\n  \
+        oomdoc analyze report.sqlite ncu_details.csv         # Nsight Systems and Compute exports\n  \
+        oomdoc analyze job-artifacts.tar.gz                  # an archive, a folder, a .zst file\n\
+        Examples: with options\n  \
         oomdoc analyze mem_snapshot.pickle --at peak --top 20\n  \
         oomdoc analyze mem_snapshot.pickle --gpu-memory 80GiB\n  \
         oomdoc analyze mem_snapshot.pickle --format markdown -o incident.md\n  \
@@ -75,7 +88,8 @@ pub struct TuiArgs {
 #[derive(clap::Args)]
 pub struct InputArgs {
     /// The job's artifacts, any mix: snapshot pickles (torch.cuda.memory._dump_snapshot), training logs with the
-    /// OOM message, vLLM logs, nvidia-smi output. Each file is recognised by its content.
+    /// OOM message, vLLM logs, nvidia-smi output, Nsight Systems and Nsight Compute exports; compressed (gzip,
+    /// zstd, xz, bzip2), in archives (tar, zip) or folders. Each is recognised by its content.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
     /// Read every file as this kind instead of recognising it.
@@ -111,6 +125,16 @@ pub struct InputArgs {
     /// No progress bar, even on a terminal.
     #[arg(long)]
     pub no_progress: bool,
+    /// An archive or folder with more members than this is refused (a guard against hostile archives).
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub max_members: usize,
+    /// An input that unpacks (decompresses, all its members together) to more than this is refused.
+    #[arg(long, value_name = "BYTES", value_parser = oomdoc::units::parse_size_arg, default_value = "256GiB")]
+    pub max_unpacked: u64,
+    /// A compressed input or member that unpacks to more than this many times its stored size (past 64 MiB) is
+    /// refused as a decompression bomb. Real snapshots compress 10–40×.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub max_ratio: u64,
     // With --model (a config.json) or model flags: the budget's prediction per category beside the snapshot.
     #[command(flatten)]
     pub predict: oomdoc::budget::args::PredictArgs,
@@ -184,6 +208,11 @@ impl InputArgs {
                 clock: oomdoc::timeline::clock::ClockOptions {
                     tz_offset_s: self.tz,
                     offset_us: self.clock_offset.map_or(0, |s| (s * 1e6).round() as i64),
+                },
+                limits: oomdoc::ingest::unpack::Limits {
+                    max_members: self.max_members,
+                    max_unpacked_bytes: self.max_unpacked,
+                    max_ratio: self.max_ratio,
                 },
             },
             analysis: Options { at: self.at.clone(), top, device: self.device, gpu_memory: self.gpu_memory },

@@ -67,22 +67,6 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
 }
 
 fn tui(args: TuiArgs) -> Result<ExitCode, Error> {
-    let mut snapshots = 0;
-    for f in &args.input.files {
-        let kind = match args.input.kind {
-            Some(k) => k,
-            None if f.is_dir() => oomdoc::ingest::Kind::Nsys,
-            None => oomdoc::ingest::sniff_file(f)?,
-        };
-        snapshots += usize::from(kind == oomdoc::ingest::Kind::Snapshot);
-    }
-    if snapshots > 1 {
-        return Err(Error::Usage(
-            "oomdoc tui opens one snapshot at a time (with any logs, nvidia-smi or Nsight exports beside it); run it \
-             once per snapshot"
-                .into(),
-        ));
-    }
     if !std::io::stdout().is_terminal() {
         return Err(Error::Usage("oomdoc tui needs a terminal; use `oomdoc analyze` for a report".into()));
     }
@@ -91,6 +75,13 @@ fn tui(args: TuiArgs) -> Result<ExitCode, Error> {
     let job = Job::read(&options)?;
     if report_failed(&job) {
         return Ok(ExitCode::from(2));
+    }
+    let snapshots = job.timelines.iter().filter(|tl| tl.inputs.iter().any(|i| i.kind == "pytorch_snapshot")).count();
+    if snapshots > 1 {
+        return Err(Error::Usage(format!(
+            "oomdoc tui opens one snapshot at a time (with any logs, nvidia-smi or Nsight exports beside it), and \
+             these inputs hold {snapshots}; run it once per snapshot"
+        )));
     }
     for analysed in job.analyse() {
         let analysed = analysed?;

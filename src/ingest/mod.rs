@@ -10,6 +10,7 @@ pub mod read_ahead;
 pub mod reader;
 pub mod snapshot;
 pub mod text;
+pub mod unpack;
 pub mod vllm_log;
 
 pub use reader::{sniff_file, Reader, READERS};
@@ -36,6 +37,16 @@ pub enum ReadError {
     NsysDir(#[source] nsys::NsysError),
     #[error(transparent)]
     NsysSqlite(#[from] nsys_sqlite::SqliteError),
+    /// An archive or compressed input past a limit.
+    #[error(transparent)]
+    Unpack(#[from] unpack::Limit),
+    #[error("not a readable zip archive: {0}")]
+    Zip(#[source] Box<zip::result::ZipError>),
+    #[error(
+        "a folder with nothing oomdoc reads ({0} files): expected snapshot pickles, logs, nvidia-smi output or Nsight \
+         exports, plain, compressed or in archives"
+    )]
+    NothingInFolder(usize),
     /// Not a format oomdoc reads: what was looked for and what was found.
     #[error("{0}")]
     Unrecognised(String),
@@ -73,6 +84,8 @@ pub struct LoadOptions {
     /// Column names of a `noheader` nvidia-smi CSV (`--columns timestamp,index,memory.used`).
     pub columns: Option<Vec<String>>,
     pub clock: ClockOptions,
+    /// How much an archive or compressed input may unpack to.
+    pub limits: unpack::Limits,
 }
 
 /// What a job's readers collect: a timeline per snapshot, and what the other artifacts said.
@@ -80,6 +93,8 @@ pub struct LoadOptions {
 pub struct Collected {
     snapshots: Vec<Timeline>,
     text: TextArtifacts,
+    /// Members of an archive or files of a folder that could not be read (the others still are).
+    failed: Vec<Error>,
 }
 
 /// Everything the text artifacts of a job said, before it is joined with a snapshot's timeline.
@@ -128,11 +143,12 @@ pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> (Vec<Timeli
     let mut job = Collected::default();
     let mut failed = Vec::new();
     for path in paths {
-        if let Err(e) = reader::read_input(path, opts, &mut job) {
+        if let Err(e) = unpack::read_path(path, opts, &mut job) {
             failed.push(e);
         }
+        failed.append(&mut job.failed);
     }
-    let Collected { mut snapshots, mut text } = job;
+    let Collected { mut snapshots, mut text, .. } = job;
     if let Err(e) = reader::finish_nsys_files(opts, &mut text) {
         failed.push(e);
     }
@@ -185,16 +201,7 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
         });
     }
     let file = File::open(path).map_err(io_err)?;
-    let progress = (show_progress && len >= PROGRESS_MIN_BYTES && std::io::stderr().is_terminal()).then(|| {
-        let bar = indicatif::ProgressBar::new(len);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} ({eta})")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        bar.set_message(format!("reading {}", path.file_name().map_or(shown.clone(), |f| f.to_string_lossy().into())));
-        bar
-    });
+    let progress = progress_bar(show_progress, len, &shown);
     let callback = progress.clone().map(|bar| Box::new(move |pos: u64| bar.set_position(pos)) as Box<dyn FnMut(u64)>);
     let result = match read_ahead::ReadAhead::start(file) {
         Ok(ahead) => snapshot::read_sized(ahead, len, callback),
@@ -211,6 +218,63 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
         format_version: snap.format_version,
         bytes: len,
         pickle_protocol: Some(snap.protocol),
+        ..InputInfo::default()
+    });
+    Ok(tl)
+}
+
+/// A progress bar over `len` bytes of `name`, when asked for, on a terminal, and the input is big enough to wait.
+fn progress_bar(show: bool, len: u64, name: &str) -> Option<indicatif::ProgressBar> {
+    (show && len >= PROGRESS_MIN_BYTES && std::io::stderr().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new(len);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} ({eta})")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_message(format!("reading {}", name.rsplit(['/', '\\']).next().unwrap_or(name)));
+        bar
+    })
+}
+
+/// A snapshot that is not a plain file: a decompressed stream (read ahead on another thread, so decompressing and
+/// parsing overlap) or an archive's member (read where it is). The progress bar counts the bytes on disk.
+fn load_stream(input: reader::Input, show_progress: bool) -> Result<Timeline, Error> {
+    let (shown, compression, stored) = (input.name.clone(), input.compression, input.stored.clone());
+    let progress = stored.as_ref().and_then(|c| progress_bar(show_progress, c.total, &shown));
+    let callback = progress.clone().zip(stored.clone()).map(|(bar, c)| {
+        Box::new(move |_: u64| bar.set_position(c.read.load(std::sync::atomic::Ordering::Relaxed)))
+            as Box<dyn FnMut(u64)>
+    });
+    // Sized for the entries it is likely to hold: compressed pickles are about a fifth of their size.
+    let len_hint = stored.as_ref().map_or(0, |c| c.total.saturating_mul(5));
+    let result = match input.into_stream() {
+        reader::Stream::Owned(r) => match read_ahead::ReadAhead::start(r) {
+            Ok(ahead) => snapshot::read_sized(ahead, len_hint, callback),
+            Err(r) => snapshot::read_sized(r, len_hint, callback),
+        },
+        reader::Stream::Borrowed(r) => snapshot::read_sized(r, len_hint, callback),
+        reader::Stream::File => unreachable!("a plain file is read by `load`"),
+    };
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    let snap = result.map_err(|e| match e {
+        snapshot::SnapshotError::Pickle(pickle::PickleError::Io { source, .. })
+            if unpack::limit_of(&source).is_some() =>
+        {
+            Error::Input { path: shown.clone(), source: ReadError::Unpack(unpack::limit_of(&source).expect("checked")) }
+        }
+        e => Error::Input { path: shown.clone(), source: e.into() },
+    })?;
+    let mut tl = snap.timeline;
+    tl.inputs.push(InputInfo {
+        path: shown,
+        kind: "pytorch_snapshot",
+        format_version: snap.format_version,
+        bytes: snap.bytes,
+        pickle_protocol: Some(snap.protocol),
+        compression,
         ..InputInfo::default()
     });
     Ok(tl)

@@ -82,28 +82,42 @@ impl From<String> for SqliteError {
 pub fn read(path: &Path) -> Result<ProfileData, SqliteError> {
     check_header(path)?;
     let conn = open(path)?;
-    let tables = table_names(&conn)?;
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+    read_connection(&conn, name)
+}
+
+/// [`read`] of a database held in memory (a member of an archive, a compressed export), named `name`.
+pub fn read_bytes(bytes: &[u8], name: &str) -> Result<ProfileData, SqliteError> {
+    header_problem(bytes, bytes.len() as u64)?;
+    let mut conn = Connection::open_in_memory()
+        .map_err(|source| SqliteError::Db { context: "cannot open an SQLite database in memory".into(), source })?;
+    conn.deserialize_read_exact(rusqlite::MAIN_DB, bytes, bytes.len(), true)
+        .map_err(|source| SqliteError::Db { context: "cannot open as an SQLite database".into(), source })?;
+    read_connection(&conn, name.to_string())
+}
+
+fn read_connection(conn: &Connection, name: String) -> Result<ProfileData, SqliteError> {
+    let tables = table_names(conn)?;
     let has = |t: &str| tables.iter().any(|n| n.eq_ignore_ascii_case(t));
     if !DATA_TABLES.iter().any(|t| has(t)) {
         return Err((not_an_export(&tables)).into());
     }
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
     let mut source = ProfileSource { name, format: FORMAT.to_string(), ..ProfileSource::default() };
     let mut data = ProfileData::default();
     if has("META_DATA_EXPORT") {
-        if let Some(line) = export_version(&conn)? {
+        if let Some(line) = export_version(conn)? {
             source.read.push(line);
         }
     }
     let enums = Enums {
-        mem_kind: load_enum(&conn, &tables, MEM_KIND_ENUM)?,
-        mem_oper: load_enum(&conn, &tables, MEM_OPER_ENUM)?,
-        memcpy: load_enum(&conn, &tables, MEMCPY_ENUM)?,
+        mem_kind: load_enum(conn, &tables, MEM_KIND_ENUM)?,
+        mem_oper: load_enum(conn, &tables, MEM_OPER_ENUM)?,
+        memcpy: load_enum(conn, &tables, MEMCPY_ENUM)?,
     };
     let strings = has("StringIds");
 
     if has(MEMORY_TABLE) {
-        let (events, allocs) = read_memory_events(&conn, &enums, &mut source)?;
+        let (events, allocs) = read_memory_events(conn, &enums, &mut source)?;
         if events.is_empty() {
             source.skipped.push(format!("{MEMORY_TABLE}: empty (no allocation recorded)"));
         } else {
@@ -135,9 +149,9 @@ pub fn read(path: &Path) -> Result<ProfileData, SqliteError> {
         }
         let before = trace.len();
         match table {
-            KERNEL_TABLE => read_kernels(&conn, strings, &mut trace, &mut source)?,
-            MEMCPY_TABLE => read_memcpys(&conn, &enums, &mut trace, &mut source)?,
-            _ => read_memsets(&conn, &enums, &mut trace, &mut source)?,
+            KERNEL_TABLE => read_kernels(conn, strings, &mut trace, &mut source)?,
+            MEMCPY_TABLE => read_memcpys(conn, &enums, &mut trace, &mut source)?,
+            _ => read_memsets(conn, &enums, &mut trace, &mut source)?,
         }
         let n = trace.len() - before;
         if n == 0 {
@@ -171,12 +185,18 @@ fn check_header(path: &Path) -> Result<(), SqliteError> {
     let len = file.metadata().map_err(io("cannot read"))?.len();
     let mut head = Vec::with_capacity(HEADER_LEN);
     file.by_ref().take(HEADER_LEN as u64).read_to_end(&mut head).map_err(io("cannot read"))?;
+    header_problem(&head, len)
+}
+
+/// What is wrong with a database of `len` bytes starting `head` (its first `HEADER_LEN` bytes, or all of it).
+fn header_problem(head: &[u8], len: u64) -> Result<(), SqliteError> {
+    let head = &head[..head.len().min(HEADER_LEN)];
     const EXPECTED: &str = "an SQLite database (`nsys export --type sqlite`), which starts with \"SQLite format 3\\0\"";
     if head.is_empty() {
         return Err((format!("expected {EXPECTED}, found an empty file")).into());
     }
-    if !sniff(&head) {
-        return Err((format!("not an SQLite database: expected {EXPECTED}, found {}", describe_start(&head))).into());
+    if !sniff(head) {
+        return Err((format!("not an SQLite database: expected {EXPECTED}, found {}", describe_start(head))).into());
     }
     if head.len() < HEADER_LEN {
         return Err((format!(
@@ -207,7 +227,7 @@ fn check_header(path: &Path) -> Result<(), SqliteError> {
         ))
         .into());
     }
-    if len % page_size != 0 {
+    if !len.is_multiple_of(page_size) {
         return Err((format!(
             "truncated or corrupt SQLite database: {len} bytes is not a whole number of {page_size}-byte pages"
         ))

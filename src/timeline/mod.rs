@@ -352,6 +352,9 @@ pub struct InputInfo {
     pub format_version: String,
     pub bytes: u64,
     pub pickle_protocol: Option<u8>,
+    /// How the file was compressed (`gzip`, `zstd`, `xz`, `bzip2`); absent when it was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compression: Option<&'static str>,
     /// Text artifacts: the parts recognised and read (e.g. `load :: nvidia-smi (default table)`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub read: Vec<String>,

@@ -156,7 +156,7 @@ impl<'t> App<'t> {
             culprits: FxHashMap::default(),
             cats: CategoryCache::new(cats, tl),
         };
-        app.open_device(0);
+        app.open_device(first_device(&app.devices));
         app
     }
 
@@ -422,5 +422,23 @@ impl<'t> App<'t> {
     /// Block states of a segment at the cursor, in address order: (address, size, state).
     pub fn segment_blocks(&self, seg: u64) -> Vec<(u64, u64, BlockState)> {
         self.state.segment_blocks(seg).map(|(a, b)| (a, b.size, b.state)).collect()
+    }
+}
+
+/// Where the TUI opens: on the GPU that ran out of memory (the first in time when several did), else on the one
+/// that peaked highest.
+fn first_device(devices: &[DeviceCtx]) -> usize {
+    let oom_time = |d: &DeviceCtx| {
+        let e = &d.replay.device().events[d.oom? as usize];
+        Some(e.time_us().unwrap_or(i64::MAX))
+    };
+    let first_oom = devices.iter().enumerate().filter_map(|(i, d)| Some((oom_time(d)?, i))).min();
+    match first_oom {
+        Some((_, i)) => i,
+        None => devices
+            .iter()
+            .enumerate()
+            .max_by(|(i, a), (j, b)| a.replay.peak_allocated.0.cmp(&b.replay.peak_allocated.0).then(j.cmp(i)))
+            .map_or(0, |(i, _)| i),
     }
 }

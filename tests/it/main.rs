@@ -6,6 +6,7 @@
 
 mod common;
 
+mod attachments;
 mod bad_input;
 mod bench_generator;
 mod budget;

@@ -106,10 +106,28 @@ fn real_snapshot_cursor_moves_and_small_terminal() {
 fn two_devices_switch() {
     let job = load(&["fixtures/generated/shapes/v2.15-multidevice-pool.pickle"]);
     let mut app = open(&job, "v2.15-multidevice-pool.pickle");
+    // No OOM: it opens on the GPU that peaked highest, GPU 1.
+    assert_eq!(app.device().unwrap().device, 1);
+    app.update(Action::NextDevice);
     assert_eq!(app.device().unwrap().device, 0);
     app.update(Action::NextDevice);
     assert_eq!(app.device().unwrap().device, 1);
     insta::assert_snapshot!("second_gpu_live", screen(&app, 120, 30));
+}
+
+#[test]
+fn opens_on_the_gpu_that_ran_out_of_memory_at_its_oom() {
+    // Three GPUs, the OOM on GPU 1: the first screen is GPU 1 at its OOM.
+    let job = load(&["fixtures/generated/verdict/class1-device-imbalance.pickle"]);
+    let tl = &job.timelines[0];
+    let app = open(&job, "class1-device-imbalance.pickle");
+    let d = app.device().unwrap();
+    assert_eq!(d.device, 1);
+    let oom = tl.device(1).unwrap().events.iter().rposition(|e| e.action == oomdoc::timeline::Action::Oom);
+    assert_eq!(app.cursor, oom.map(|i| i as u32));
+    let s = screen(&app, 120, 36);
+    assert!(s.contains("GPU 1"), "{s}");
+    insta::assert_snapshot!("opens_at_the_oom_gpu", s);
 }
 
 #[test]
