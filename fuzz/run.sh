@@ -39,7 +39,7 @@ for i,c in enumerate(d.get("case",[d])):
     budget_config) src=(../fixtures/models/*.json) ;;
     job) src=(../fixtures/generated/joint/*.csv ../fixtures/generated/joint/*.log ../fixtures/real/nvidia-smi/*.txt ../fixtures/profilers/*.csv ../fixtures/real/ncu/*) ;;
   esac
-  case $t in pickle|snapshot) python3 seeds.py "$dir" ;; esac
+  case $t in pickle|snapshot) python3 seeds.py "$dir" ;; archive) python3 seeds.py --archives "$dir" ;; esac
   local i=0
   for f in "${src[@]}"; do
     [ -f "$f" ] || continue

@@ -61,8 +61,45 @@ shapes = {
     "state-only": {"segments": [segment(1 << 30)], "device_traces": [[]]},
 }
 
-out = sys.argv[1]
-for name, obj in shapes.items():
-    for proto in (2, 4, 5):
-        with open(f"{out}/{name}-p{proto}.pickle", "wb") as f:
-            pickle.dump(obj, f, protocol=proto)
+
+
+def archives(out):
+    """Attachments as users send them: each snapshot shape compressed, and small job archives (a snapshot, an OOM
+    log line, an nvidia-smi CSV, a README) as tar, tar.gz, tar.xz, tar.bz2 and zip."""
+    import bz2, gzip, io, lzma, tarfile, zipfile
+    snap = pickle.dumps(shapes["v2.3-settings"], protocol=4)
+    log = (b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity "
+           b"of 79.19 GiB of which 6.56 MiB is free. Of the allocated memory 77.80 GiB is allocated by PyTorch, "
+           b"and 100.00 MiB is reserved by PyTorch but unallocated.\n")
+    smi = (b"timestamp, name, memory.total [MiB], memory.used [MiB]\n"
+           b"2024/01/01 10:00:00.000, NVIDIA H100 80GB HBM3, 81559 MiB, 81000 MiB\n")
+    members = {"job/rank0.pickle": snap, "job/train.log": log, "job/nvidia-smi.csv": smi, "job/README.md": b"# run\n"}
+    for name, obj in shapes.items():
+        raw = pickle.dumps(obj, protocol=4)
+        open(f"{out}/{name}.pickle.gz", "wb").write(gzip.compress(raw))
+        open(f"{out}/{name}.pickle.xz", "wb").write(lzma.compress(raw))
+        open(f"{out}/{name}.pickle.bz2", "wb").write(bz2.compress(raw))
+    for mode, ext in (("w", "tar"), ("w:gz", "tar.gz"), ("w:xz", "tar.xz"), ("w:bz2", "tar.bz2")):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode=mode) as t:
+            for n, b in members.items():
+                info = tarfile.TarInfo(n)
+                info.size = len(b)
+                t.addfile(info, io.BytesIO(b))
+        open(f"{out}/job.{ext}", "wb").write(buf.getvalue())
+    for method, ext in ((zipfile.ZIP_STORED, "stored"), (zipfile.ZIP_DEFLATED, "deflated"), (zipfile.ZIP_BZIP2, "bz2")):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", method) as z:
+            for n, b in members.items():
+                z.writestr(n, b)
+        open(f"{out}/job-{ext}.zip", "wb").write(buf.getvalue())
+
+
+if sys.argv[1] == "--archives":
+    archives(sys.argv[2])
+else:
+    out = sys.argv[1]
+    for name, obj in shapes.items():
+        for proto in (2, 4, 5):
+            with open(f"{out}/{name}-p{proto}.pickle", "wb") as f:
+                pickle.dump(obj, f, protocol=proto)

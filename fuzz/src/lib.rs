@@ -201,6 +201,18 @@ pub fn job(data: &[u8]) {
     let _ = Kind::Log;
 }
 
+/// One attachment as a user hands it: compressed, a tar or zip of artifacts, read with small limits so a
+/// mutated length cannot make a run slow (the limits themselves are part of what is fuzzed).
+pub fn archive(data: &[u8]) {
+    let f = Scratch::new("attachment", data);
+    let mut options = JobOptions::new(vec![f.0.clone()]);
+    options.load.limits = ingest::unpack::Limits { max_members: 64, max_unpacked_bytes: 64 << 20, max_ratio: 1000 };
+    options.analysis = Options { top: 5, gpu_memory: Some(80 << 30), ..Options::default() };
+    if let Ok(job) = Job::read(&options) {
+        render_all(&job);
+    }
+}
+
 /// The project's root: this file is built in `fuzz/` and in the main crate's tests.
 fn root() -> PathBuf {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
