@@ -4,6 +4,7 @@
 pub mod categories;
 pub mod facts;
 pub mod iterations;
+pub mod job_view;
 pub mod observed;
 pub mod prediction;
 pub mod profile;
@@ -112,6 +113,9 @@ pub struct Analysis {
     /// What the profiler exports (Nsight Systems, Nsight Compute) said.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<profile::ProfileSummary>,
+    /// Several ranks' snapshots: the rank table, the first OOM, the ranks that stand out, findings across ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<job_view::JobView>,
     /// Facts about the job rather than one GPU (a serving log's KV cache, profiler exports); rules see them with
     /// no device.
     #[serde(skip)]
@@ -504,6 +508,7 @@ pub fn analyze_keeping<'t>(
         serving: serving::summarize(&tl.serving),
         clock: tl.clock.clone(),
         profile: profile_summary,
+        job: None,
         job_facts,
         kernel_facts: tl.profile.ncu_kernels.iter().map(profile::kernel_facts).collect(),
     };

@@ -52,7 +52,8 @@ pub enum Command {
         oomdoc analyze mem_snapshot.pickle --gpu-memory 80GiB\n  \
         oomdoc analyze mem_snapshot.pickle --format markdown -o incident.md\n  \
         oomdoc analyze mem_snapshot.pickle --format json | jq '.findings'\n  \
-        oomdoc analyze mem_snapshot.pickle --fail-on warning   # exit 1 if anything was found")]
+        oomdoc analyze mem_snapshot.pickle --fail-on warning   # exit 1 if anything was found\n  \
+        oomdoc analyze mem_snapshot.pickle --max-peak 40GiB    # exit 1 if a GPU's peak is over it (CI)")]
     Analyze(AnalyzeArgs),
     /// Print every fact the rules can test, with its value (the way to debug a rule).
     Facts(FactsArgs),
@@ -159,6 +160,12 @@ pub struct AnalyzeArgs {
     /// Exit with code 1 when a finding of this severity or worse is raised.
     #[arg(long, value_name = "SEVERITY", value_enum)]
     pub fail_on: Option<Severity>,
+    /// For CI: exit with code 1 when any GPU's peak allocated memory is over SIZE (e.g. 40GiB), saying which.
+    #[arg(long, value_name = "SIZE", value_parser = oomdoc::units::parse_size_arg)]
+    pub max_peak: Option<u64>,
+    /// For CI: exit with code 1 when any GPU's peak reserved memory is over SIZE, saying which.
+    #[arg(long, value_name = "SIZE", value_parser = oomdoc::units::parse_size_arg)]
+    pub max_reserved: Option<u64>,
 }
 
 #[derive(clap::Args)]

@@ -51,19 +51,58 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
     let job = Job::read(&args.input.job_options(args.top))?;
     let analysed = job.analyse().collect::<Result<Vec<_>, _>>()?;
     let worst = analysed.iter().flat_map(|a| &a.analysis.findings).map(|f| f.severity).max();
+    let over = over_threshold(&analysed, args.max_peak, args.max_reserved);
     let failed = report_failed(&job);
     if !analysed.is_empty() {
         write_out(args.output.as_ref(), &report::render_job(args.format, analysed, color))?;
     }
     // Freeing millions of small records takes longer than the process exit that reclaims them anyway.
     std::mem::forget(job);
+    if let Some(why) = &over {
+        eprintln!("oomdoc: {why}");
+    }
     Ok(if failed {
         ExitCode::from(2)
-    } else if matches!((args.fail_on, worst), (Some(f), Some(w)) if w >= f) {
+    } else if over.is_some() || matches!((args.fail_on, worst), (Some(f), Some(w)) if w >= f) {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The first GPU whose peak is over `--max-peak` or `--max-reserved`, in one line; the highest over, if several.
+fn over_threshold(
+    analysed: &[oomdoc::job::Analysed],
+    max_peak: Option<u64>,
+    max_reserved: Option<u64>,
+) -> Option<String> {
+    let gpus = || {
+        analysed.iter().flat_map(|a| {
+            let file = a.analysis.inputs.first().map_or(String::new(), |i| i.path.clone());
+            a.analysis.devices.iter().map(move |d| {
+                let (alloc, res) = d
+                    .peak
+                    .as_ref()
+                    .map_or((d.allocated_bytes, d.reserved_bytes), |p| (p.allocated_bytes, p.reserved_bytes));
+                (file.clone(), d.device, alloc.max(d.allocated_bytes), res.max(d.reserved_bytes))
+            })
+        })
+    };
+    let say = |what: &str, flag: &str, limit: u64, (file, dev, bytes): (String, i64, u64)| {
+        let b = oomdoc::units::bytes;
+        format!("GPU {dev} ({file}) peaked at {} {what}, over {flag} {} by {}", b(bytes), b(limit), b(bytes - limit))
+    };
+    if let Some(limit) = max_peak {
+        if let Some(g) = gpus().map(|(f, d, a, _)| (f, d, a)).filter(|g| g.2 > limit).max_by_key(|g| g.2) {
+            return Some(say("allocated", "--max-peak", limit, g));
+        }
+    }
+    if let Some(limit) = max_reserved {
+        if let Some(g) = gpus().map(|(f, d, _, r)| (f, d, r)).filter(|g| g.2 > limit).max_by_key(|g| g.2) {
+            return Some(say("reserved", "--max-reserved", limit, g));
+        }
+    }
+    None
 }
 
 fn tui(args: TuiArgs) -> Result<ExitCode, Error> {

@@ -11,7 +11,7 @@ use crate::units::{bytes, duration_us};
 /// Escapes text for a table cell or inline prose.
 /// Escapes Markdown in prose; text inside `code spans` is left as written (a backslash there would show), except
 /// `|`, which would end a table cell.
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 8);
     for (i, part) in s.split('`').enumerate() {
         if i > 0 {

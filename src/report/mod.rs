@@ -2,7 +2,8 @@
 
 pub mod budget;
 pub mod facts_table;
-mod markdown;
+pub mod job_view;
+pub(crate) mod markdown;
 pub mod rule_list;
 pub mod sections;
 mod text;
@@ -37,9 +38,11 @@ pub fn render(format: Format, analysis: &Analysis, tl: &Timeline, color: bool) -
     }
 }
 
-/// Renders a whole job: in text and Markdown one report per snapshot, one after the other; in JSON one document
-/// whose inputs, devices and findings are every snapshot's.
+/// Renders a whole job. One snapshot: its report. Several: the job view first (ranks, first OOM, outliers, findings
+/// across ranks); then in text and Markdown the full reports of the ranks that matter ([`job_view::detailed`]), in
+/// JSON one document whose inputs, devices and findings are every rank's, with the view as `job`.
 pub fn render_job(format: Format, analysed: Vec<Analysed>, color: bool) -> String {
+    let view = crate::analysis::job_view::of(&analysed.iter().map(|a| &a.analysis).collect::<Vec<_>>());
     if format == Format::Json {
         let mut all = analysed.into_iter();
         let Some(first) = all.next() else { return String::new() };
@@ -49,10 +52,21 @@ pub fn render_job(format: Format, analysed: Vec<Analysed>, color: bool) -> Strin
             combined.devices.extend(a.analysis.devices);
             combined.findings.extend(a.analysis.findings);
         }
+        combined.job = view;
         return render(format, &combined, first.timeline, color);
     }
     let mut out = String::new();
-    for a in &analysed {
+    let keep = view.as_ref().map(job_view::detailed);
+    if let Some(v) = &view {
+        out.push_str(&match format {
+            Format::Markdown => job_view::markdown(v, markdown::esc),
+            _ => job_view::text(v, |s| if color { format!("\x1b[1m{s}\x1b[0m") } else { s.to_string() }),
+        });
+    }
+    for (i, a) in analysed.iter().enumerate() {
+        if keep.as_ref().is_some_and(|k| !k.contains(&i)) {
+            continue;
+        }
         if !out.is_empty() {
             out.push('\n');
         }

@@ -172,3 +172,26 @@ fn one_bad_input_is_one_line_and_the_others_are_still_analysed() {
     assert_eq!(o.status.code(), Some(2));
     assert!(o.stdout.is_empty(), "{}", stdout(&o));
 }
+
+#[test]
+fn max_peak_and_max_reserved_exit_1_with_the_reason_on_one_line() {
+    // The bundled step peaks at 51.3 GiB allocated, 56.9 GiB reserved.
+    let snap = "fixtures/real/cs336-kk-fullstep-57gb.pickle";
+    for (args, code, says) in [
+        (vec!["--max-peak", "50GiB"], 1, Some("peaked at 51.3 GiB allocated, over --max-peak 50.0 GiB by 1.30 GiB")),
+        (vec!["--max-peak", "52GiB"], 0, None),
+        (vec!["--max-reserved", "50GiB"], 1, Some("peaked at 56.9 GiB reserved, over --max-reserved 50.0 GiB")),
+        (vec!["--max-peak", "60GiB", "--max-reserved", "60GiB"], 0, None),
+    ] {
+        let o = oomdoc(&[&["analyze", snap, "--format", "json"][..], &args].concat());
+        assert_eq!(o.status.code(), Some(code), "{args:?}");
+        assert!(!o.stdout.is_empty(), "the report is still written");
+        let err = stderr(&o);
+        match says {
+            Some(s) => assert!(err.lines().count() == 1 && err.contains(s) && err.contains("GPU 0"), "{args:?}: {err}"),
+            None => assert!(err.is_empty(), "{err}"),
+        }
+    }
+    let o = oomdoc(&["analyze", snap, "--max-peak", "lots"]);
+    assert_eq!(o.status.code(), Some(2));
+}

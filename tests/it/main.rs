@@ -13,6 +13,7 @@ mod budget;
 mod cli;
 mod generated_fixtures;
 mod golden;
+mod job_view;
 mod layers;
 mod nsys_sqlite;
 mod nvidia_smi;

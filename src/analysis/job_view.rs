@@ -1,0 +1,369 @@
+//! A job of several ranks, seen whole: one row per rank and GPU, which rank ran out first, the ranks that stand out,
+//! and each rule's findings merged across ranks. Built from the per-snapshot analyses alone, so it works the same on
+//! snapshots read here and on the JSON reports of ranks analysed elsewhere.
+
+use serde::Serialize;
+
+use super::{Analysis, DeviceReport, Severity};
+
+/// A rank's category counts as standing out when it holds more than this many times the median of the other ranks.
+const OUTLIER_FACTOR: f64 = 2.0;
+/// …and is at least this share of the rank's own allocated memory and of a typical rank's (a category that is
+/// small beside either is noise).
+const OUTLIER_MIN_SHARE: f64 = 0.10;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct JobView {
+    pub ranks: Vec<RankRow>,
+    /// The rank whose OOM came first on the snapshots' common clock (or the only one that ran out).
+    pub first_oom: Option<RankRef>,
+    pub outliers: Vec<Outlier>,
+    /// Each rule's findings across ranks, worst first.
+    pub findings: Vec<MergedFinding>,
+}
+
+/// One GPU of one rank.
+#[derive(Clone, Debug, Serialize)]
+pub struct RankRow {
+    pub input: String,
+    pub rank: u32,
+    pub device: i64,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub oom: bool,
+    /// On the snapshot's clock (wall-clock microseconds in torch's traces), when it recorded one.
+    pub oom_time_us: Option<i64>,
+    pub primary_rule: Option<String>,
+    /// What held the most memory at the reported moment: `activation: model.py:41 in forward`.
+    pub holder: Option<String>,
+    /// Index of this rank's report in the job's list of analyses.
+    #[serde(skip)]
+    pub analysis: usize,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct RankRef {
+    pub input: String,
+    pub rank: u32,
+    pub device: i64,
+}
+
+/// A rank that stands out from the others, and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outlier {
+    pub input: String,
+    pub rank: u32,
+    pub device: i64,
+    /// One line: "activation 30.1 GiB, 4.1× the other ranks' median (7.3 GiB)".
+    pub why: String,
+    /// The category that stands out (null when it is the holder stack that differs).
+    pub category: Option<&'static str>,
+    pub bytes: u64,
+    pub median_bytes: u64,
+}
+
+/// One rule over the whole job.
+#[derive(Clone, Debug, Serialize)]
+pub struct MergedFinding {
+    pub rule: String,
+    pub severity: Severity,
+    pub title: String,
+    /// The ranks it fired on, in rank order.
+    pub ranks: Vec<u32>,
+    /// How many ranks the job has.
+    pub of: usize,
+    /// The largest memory it explains on one rank.
+    pub bytes: Option<u64>,
+    /// The line every rank's finding points at, when they all point at the same one.
+    pub same_line: Option<String>,
+}
+
+/// The rank in a snapshot's file name — `rank5`, `rank_5`, `rank-5`, `r5`, `…-5.pickle`, `…_5.pickle` — if it has
+/// one. Only the last path component counts (a member's name inside its archive included).
+pub fn rank_from_name(path: &str) -> Option<u32> {
+    let name = path.rsplit(['/', '\\', '!']).next().unwrap_or(path).to_ascii_lowercase();
+    let digits_at = |i: usize| -> Option<u32> {
+        let d: String = name[i..].chars().take_while(|c| c.is_ascii_digit()).collect();
+        if d.is_empty() || d.len() > 6 {
+            None
+        } else {
+            d.parse().ok()
+        }
+    };
+    let b = name.as_bytes();
+    let boundary = |i: usize| i == 0 || !b[i - 1].is_ascii_alphanumeric();
+    // "rank" with an optional separator, then digits.
+    if let Some(i) = name.find("rank") {
+        let mut j = i + 4;
+        if j < b.len() && matches!(b[j], b'_' | b'-' | b'.') {
+            j += 1;
+        }
+        if let Some(r) = digits_at(j) {
+            return Some(r);
+        }
+    }
+    // "r" as a word of its own, then digits: `r5.pickle`, `snap_r12.pickle`.
+    for (i, _) in name.match_indices('r') {
+        if boundary(i) {
+            if let Some(r) = digits_at(i + 1) {
+                let end = i + 1 + r.to_string().len();
+                if end == b.len() || !b[end].is_ascii_alphabetic() {
+                    return Some(r);
+                }
+            }
+        }
+    }
+    // Digits just before the extension, after a separator: `snapshot-5.pickle`, `mem_12.pickle.gz`.
+    let stem = name.split('.').next().unwrap_or(&name);
+    let tail: String = stem.chars().rev().take_while(|c| c.is_ascii_digit()).collect();
+    if !tail.is_empty() && tail.len() <= 6 && stem.len() > tail.len() {
+        let sep = stem.as_bytes()[stem.len() - tail.len() - 1];
+        if matches!(sep, b'-' | b'_') {
+            return tail.chars().rev().collect::<String>().parse().ok();
+        }
+    }
+    None
+}
+
+/// The snapshot an analysis was made from (its first snapshot input, else its first input).
+fn snapshot_input(a: &Analysis) -> String {
+    a.inputs
+        .iter()
+        .find(|i| i.kind == "pytorch_snapshot")
+        .or(a.inputs.first())
+        .map_or_else(String::new, |i| i.path.clone())
+}
+
+fn row(a: &Analysis, index: usize, rank: u32, d: &DeviceReport) -> RankRow {
+    let (peak_alloc, peak_res) =
+        d.peak.as_ref().map_or((d.allocated_bytes, d.reserved_bytes), |p| (p.allocated_bytes, p.reserved_bytes));
+    let verdict = d.verdict.as_ref();
+    RankRow {
+        input: snapshot_input(a),
+        rank,
+        device: d.device,
+        peak_allocated_bytes: peak_alloc.max(d.allocated_bytes),
+        peak_reserved_bytes: peak_res.max(d.reserved_bytes),
+        oom: d.oom.is_some(),
+        oom_time_us: d.oom.as_ref().and_then(|o| o.time_us),
+        primary_rule: verdict.and_then(|v| v.primary_rule.clone()),
+        holder: verdict.and_then(|v| v.holder.as_ref()).map(|h| format!("{}: {}", h.category, h.stack)),
+        analysis: index,
+    }
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2
+    }
+}
+
+/// The job view of several snapshots' analyses, or `None` for one snapshot (its report is the whole story).
+pub fn of(analyses: &[&Analysis]) -> Option<JobView> {
+    if analyses.len() < 2 {
+        return None;
+    }
+    let named: Vec<Option<u32>> = analyses.iter().map(|a| rank_from_name(&snapshot_input(a))).collect();
+    // Names give the ranks only when every file has one and no two share it; otherwise the order given does.
+    let mut seen = std::collections::BTreeSet::new();
+    let by_name = named.iter().all(|r| r.is_some_and(|r| seen.insert(r)));
+    let mut ranks = Vec::new();
+    for (i, a) in analyses.iter().enumerate() {
+        let rank = if by_name { named[i].expect("checked") } else { i as u32 };
+        for d in &a.devices {
+            ranks.push(row(a, i, rank, d));
+        }
+    }
+    ranks.sort_by_key(|r| (r.rank, r.device));
+
+    let first_oom = ranks
+        .iter()
+        .filter(|r| r.oom)
+        .min_by_key(|r| (r.oom_time_us.unwrap_or(i64::MAX), r.rank))
+        .map(|r| RankRef { input: r.input.clone(), rank: r.rank, device: r.device });
+
+    let outliers = outliers(analyses, &ranks);
+    let findings = merged_findings(analyses, &ranks);
+    Some(JobView { ranks, first_oom, outliers, findings })
+}
+
+fn device_of<'a>(analyses: &[&'a Analysis], r: &RankRow) -> Option<&'a DeviceReport> {
+    analyses[r.analysis].devices.iter().find(|d| d.device == r.device)
+}
+
+fn outliers(analyses: &[&Analysis], ranks: &[RankRow]) -> Vec<Outlier> {
+    let mut out = Vec::new();
+    let categories: std::collections::BTreeSet<&'static str> = ranks
+        .iter()
+        .filter_map(|r| device_of(analyses, r))
+        .flat_map(|d| d.by_category.iter().map(|c| c.category))
+        .collect();
+    let bytes_in = |r: &RankRow, cat: &str| -> u64 {
+        device_of(analyses, r).and_then(|d| d.by_category.iter().find(|c| c.category == cat)).map_or(0, |c| c.bytes)
+    };
+    for (i, r) in ranks.iter().enumerate() {
+        let Some(d) = device_of(analyses, r) else { continue };
+        // The category that stands out most on this rank, against the median of the others.
+        let mut best: Option<(f64, &'static str, u64, u64)> = None;
+        let typical = median(
+            ranks
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .filter_map(|(_, o)| device_of(analyses, o))
+                .map(|o| o.allocated_bytes)
+                .collect(),
+        );
+        for &cat in &categories {
+            let mine = bytes_in(r, cat);
+            if (mine as f64) < OUTLIER_MIN_SHARE * d.allocated_bytes.max(typical).max(1) as f64 {
+                continue;
+            }
+            let med =
+                median(ranks.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, o)| bytes_in(o, cat)).collect());
+            let factor = if med == 0 { f64::INFINITY } else { mine as f64 / med as f64 };
+            if factor > OUTLIER_FACTOR && best.is_none_or(|b| factor > b.0) {
+                best = Some((factor, cat, mine, med));
+            }
+        }
+        if let Some((factor, cat, mine, med)) = best {
+            let times = if factor.is_finite() {
+                format!("{factor:.1}×")
+            } else {
+                "more than any other rank's: they hold none".into()
+            };
+            let why = if factor.is_finite() {
+                format!(
+                    "{cat} {}, {times} the other ranks' median ({})",
+                    crate::units::bytes(mine),
+                    crate::units::bytes(med)
+                )
+            } else {
+                format!("{cat} {}, {times}", crate::units::bytes(mine))
+            };
+            out.push(Outlier {
+                input: r.input.clone(),
+                rank: r.rank,
+                device: r.device,
+                why,
+                category: Some(cat),
+                bytes: mine,
+                median_bytes: med,
+            });
+            continue;
+        }
+        // A holder stack that no other rank's memory is held by, when at least two others agree on theirs.
+        if let Some(h) = &r.holder {
+            let others: Vec<&String> =
+                ranks.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, o)| o.holder.as_ref()).collect();
+            let agree = others.first().is_some_and(|first| others.len() >= 2 && others.iter().all(|o| o == first));
+            if agree && others[0] != h {
+                let bytes = d.verdict.as_ref().and_then(|v| v.holder.as_ref()).map_or(0, |h| h.bytes);
+                out.push(Outlier {
+                    input: r.input.clone(),
+                    rank: r.rank,
+                    device: r.device,
+                    why: format!("held by {h}, where the other ranks are held by {}", others[0]),
+                    category: None,
+                    bytes,
+                    median_bytes: 0,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn merged_findings(analyses: &[&Analysis], ranks: &[RankRow]) -> Vec<MergedFinding> {
+    let rank_of = |analysis: usize, device: Option<i64>| {
+        ranks.iter().find(|r| r.analysis == analysis && device.is_none_or(|d| d == r.device)).map(|r| r.rank)
+    };
+    let of = ranks.iter().map(|r| r.rank).collect::<std::collections::BTreeSet<_>>().len();
+    let mut merged: Vec<(MergedFinding, Vec<Option<String>>)> = Vec::new();
+    for (i, a) in analyses.iter().enumerate() {
+        for f in &a.findings {
+            let Some(rank) = rank_of(i, f.device) else { continue };
+            let line = finding_line(a, f);
+            match merged.iter_mut().find(|(m, _)| m.rule == f.rule) {
+                Some((m, lines)) => {
+                    if !m.ranks.contains(&rank) {
+                        m.ranks.push(rank);
+                    }
+                    m.severity = m.severity.max(f.severity);
+                    m.bytes = m.bytes.max(f.bytes);
+                    lines.push(line);
+                }
+                None => merged.push((
+                    MergedFinding {
+                        rule: f.rule.clone(),
+                        severity: f.severity,
+                        title: f.title.clone(),
+                        ranks: vec![rank],
+                        of,
+                        bytes: f.bytes,
+                        same_line: None,
+                    },
+                    vec![line],
+                )),
+            }
+        }
+    }
+    let mut out: Vec<MergedFinding> = merged
+        .into_iter()
+        .map(|(mut m, lines)| {
+            m.ranks.sort_unstable();
+            if lines[0].is_some() && lines.iter().all(|l| l == &lines[0]) {
+                m.same_line = lines[0].clone();
+            }
+            m
+        })
+        .collect();
+    out.sort_by(|a, b| b.severity.cmp(&a.severity).then(b.ranks.len().cmp(&a.ranks.len())).then(a.rule.cmp(&b.rule)));
+    out
+}
+
+/// The line a finding points at: the `caller` or `where` fact of the subject its evidence is about (`leak.caller`
+/// for a leak's evidence `leak.stacks`), on its GPU.
+fn finding_line(a: &Analysis, f: &super::Finding) -> Option<String> {
+    let d = a.devices.iter().find(|d| Some(d.device) == f.device)?;
+    let subjects: Vec<&str> =
+        f.evidence.as_object()?.keys().filter_map(|k| k.split_once('.').map(|(s, _)| s)).collect();
+    subjects.iter().flat_map(|s| [format!("{s}.caller"), format!("{s}.where")]).find_map(|k| {
+        match &d.facts.get(&k)?.value {
+            super::facts::Val::Str(s) if !s.is_empty() => Some(s.clone()),
+            _ => None,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rank_from_name;
+
+    #[test]
+    fn ranks_from_file_names() {
+        for (name, rank) in [
+            ("rank5.pickle", Some(5)),
+            ("rank_5.pickle", Some(5)),
+            ("snapshot_rank-12.pickle.gz", Some(12)),
+            ("job.tar.gz!job/rank3.pickle", Some(3)),
+            ("r7.pickle", Some(7)),
+            ("mem_r7.pickle", Some(7)),
+            ("snapshot-5.pickle", Some(5)),
+            ("mem_12.pickle", Some(12)),
+            ("runs/rank2/snapshot.pickle", None),
+            ("train.pickle", None),
+            ("resnet50.pickle", None),
+            ("llama3.pickle", None),
+        ] {
+            assert_eq!(rank_from_name(name), rank, "{name}");
+        }
+    }
+}

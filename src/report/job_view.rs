@@ -1,0 +1,206 @@
+//! The job view, first in a report of several ranks: the rank table, the first OOM, the ranks that stand out, the
+//! findings merged across ranks. Then full reports only for the ranks that matter (see [`detailed`]).
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+use crate::analysis::job_view::{JobView, RankRow};
+use crate::units::{bytes, duration_us};
+
+/// The analyses to report in full: every rank that ran out of memory or stands out; the rank with the highest
+/// peak when none did. The others are their row in the table.
+pub fn detailed(view: &JobView) -> BTreeSet<usize> {
+    let mut keep: BTreeSet<usize> = view.ranks.iter().filter(|r| r.oom).map(|r| r.analysis).collect();
+    for o in &view.outliers {
+        keep.extend(view.ranks.iter().filter(|r| r.rank == o.rank && r.device == o.device).map(|r| r.analysis));
+    }
+    if keep.is_empty() {
+        keep.extend(view.ranks.iter().max_by_key(|r| r.peak_allocated_bytes).map(|r| r.analysis));
+    }
+    keep
+}
+
+/// "OOM, first", "OOM, +1.20 s", "OOM" (no time), or "—".
+fn oom_cell(view: &JobView, r: &RankRow) -> String {
+    if !r.oom {
+        return "—".into();
+    }
+    let first = view.first_oom.as_ref();
+    if first.is_some_and(|f| f.rank == r.rank && f.device == r.device) {
+        return "OOM, first".into();
+    }
+    let t0 = first.and_then(|f| view.ranks.iter().find(|x| x.rank == f.rank && x.device == f.device)?.oom_time_us);
+    match (r.oom_time_us, t0) {
+        (Some(t), Some(t0)) => format!("OOM, +{}", duration_us(t - t0)),
+        _ => "OOM".into(),
+    }
+}
+
+fn ranks_list(ranks: &[u32]) -> String {
+    // Runs of consecutive ranks as a–b: "0–6, 9".
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j > i + 1 {
+            format!("{}–{}", ranks[i], ranks[j])
+        } else if j == i + 1 {
+            format!("{}, {}", ranks[i], ranks[j])
+        } else {
+            ranks[i].to_string()
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
+/// The lines that say what is shown in full and why.
+fn shown_in_full(view: &JobView) -> String {
+    let keep = detailed(view);
+    let mut why = Vec::new();
+    for r in view.ranks.iter().filter(|r| keep.contains(&r.analysis)) {
+        let reason = if r.oom {
+            "ran out of memory"
+        } else if view.outliers.iter().any(|o| o.rank == r.rank && o.device == r.device) {
+            "stands out"
+        } else {
+            "the highest peak"
+        };
+        let item = format!("rank {} ({reason})", r.rank);
+        if !why.contains(&item) {
+            why.push(item);
+        }
+    }
+    let rest = view.ranks.iter().filter(|r| !keep.contains(&r.analysis)).count();
+    let mut s = format!("In full below: {}", why.join(", "));
+    if rest > 0 {
+        s.push_str("; the other ranks are their row above (--format json has every rank in full)");
+    }
+    s
+}
+
+fn merged_line(m: &crate::analysis::job_view::MergedFinding) -> String {
+    let mut s = format!("{} on {} of {} ranks ({})", m.rule, m.ranks.len(), m.of, ranks_list(&m.ranks));
+    if let Some(line) = &m.same_line {
+        let _ = write!(s, ", {}{line}", if m.ranks.len() > 1 { "same line: " } else { "at " });
+    }
+    if let Some(b) = m.bytes {
+        let _ = write!(s, "; explains up to {} on one rank", bytes(b));
+    }
+    s
+}
+
+pub fn text(view: &JobView, bold: impl Fn(&str) -> String) -> String {
+    let mut o = String::new();
+    let snapshots: BTreeSet<&str> = view.ranks.iter().map(|r| r.input.as_str()).collect();
+    let rank_count = view.ranks.iter().map(|r| r.rank).collect::<BTreeSet<_>>().len();
+    let _ = writeln!(o, "{}", bold(&format!("Job: {rank_count} ranks, {} snapshots", snapshots.len())));
+    match &view.first_oom {
+        Some(f) => {
+            let n = view.ranks.iter().filter(|r| r.oom).count();
+            let _ = writeln!(
+                o,
+                "  first OOM: rank {}, GPU {} ({}){}",
+                f.rank,
+                f.device,
+                f.input,
+                if n > 1 { format!("; {n} ranks ran out of memory") } else { String::new() }
+            );
+        }
+        None => {
+            let _ = writeln!(o, "  no rank ran out of memory");
+        }
+    }
+    let rows: Vec<[String; 7]> = view
+        .ranks
+        .iter()
+        .map(|r| {
+            [
+                r.rank.to_string(),
+                r.device.to_string(),
+                bytes(r.peak_allocated_bytes),
+                bytes(r.peak_reserved_bytes),
+                oom_cell(view, r),
+                r.primary_rule.clone().unwrap_or_else(|| "—".into()),
+                r.input.rsplit(['/', '!']).next().unwrap_or(&r.input).to_string(),
+            ]
+        })
+        .collect();
+    let head = ["rank", "GPU", "peak allocated", "peak reserved", "OOM", "primary cause", "file"];
+    let width =
+        |c: usize| rows.iter().map(|r| r[c].chars().count()).chain([head[c].chars().count()]).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..head.len()).map(width).collect();
+    let line = |cells: [&str; 7]| {
+        let mut s = String::from("  ");
+        for (c, cell) in cells.iter().enumerate() {
+            let pad = widths[c].saturating_sub(cell.chars().count());
+            if c < 4 {
+                s.push_str(&" ".repeat(pad));
+                s.push_str(cell);
+            } else {
+                s.push_str(cell);
+                if c + 1 < cells.len() {
+                    s.push_str(&" ".repeat(pad));
+                }
+            }
+            if c + 1 < cells.len() {
+                s.push_str("  ");
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let _ = writeln!(o, "{}", line(head));
+    for r in &rows {
+        let _ = writeln!(o, "{}", line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6]]));
+    }
+    for out in &view.outliers {
+        let _ = writeln!(o, "  stands out: rank {}, GPU {}: {}", out.rank, out.device, out.why);
+    }
+    for m in &view.findings {
+        let _ = writeln!(o, "  across ranks: {} {}", m.severity.name(), merged_line(m));
+    }
+    let _ = writeln!(o, "  {}", shown_in_full(view));
+    o
+}
+
+pub fn markdown(view: &JobView, esc: impl Fn(&str) -> String) -> String {
+    let mut o = String::new();
+    let rank_count = view.ranks.iter().map(|r| r.rank).collect::<BTreeSet<_>>().len();
+    let _ = writeln!(o, "## Job: {rank_count} ranks\n");
+    match &view.first_oom {
+        Some(f) => {
+            let _ = writeln!(o, "**First OOM**: rank {}, GPU {} (`{}`)\n", f.rank, f.device, f.input);
+        }
+        None => {
+            let _ = writeln!(o, "No rank ran out of memory.\n");
+        }
+    }
+    let _ = writeln!(o, "| rank | GPU | peak allocated | peak reserved | OOM | primary cause | held most by | file |");
+    let _ = writeln!(o, "|---:|---:|---:|---:|---|---|---|---|");
+    for r in &view.ranks {
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} | {} | `{}` |",
+            r.rank,
+            r.device,
+            bytes(r.peak_allocated_bytes),
+            bytes(r.peak_reserved_bytes),
+            oom_cell(view, r),
+            r.primary_rule.as_deref().map_or("—".into(), |p| format!("`{p}`")),
+            r.holder.as_deref().map_or("—".into(), &esc),
+            r.input.replace('|', "\\|"),
+        );
+    }
+    let _ = writeln!(o);
+    for out in &view.outliers {
+        let _ = writeln!(o, "- **Stands out**: rank {}, GPU {}: {}", out.rank, out.device, esc(&out.why));
+    }
+    for m in &view.findings {
+        let _ = writeln!(o, "- **Across ranks**: {} {}", m.severity.name(), esc(&merged_line(m)));
+    }
+    let _ = writeln!(o, "\n{}\n", esc(&shown_in_full(view)));
+    o
+}
