@@ -2,6 +2,7 @@
 //! what was live and who allocated it, free space vs the failed request, and what the capture did not record.
 
 pub mod categories;
+pub mod diff;
 pub mod facts;
 pub mod iterations;
 pub mod job_view;

@@ -66,6 +66,13 @@ pub enum Command {
         Enter open, / filter, g group by stack, s sort, d next GPU, ? help, q quit.\n\n\
         Example:\n  oomdoc tui mem_snapshot.pickle")]
     Tui(TuiArgs),
+    /// Compare two runs (before and after a change): the peak, bytes by kind and by allocating stack, free memory,
+    /// findings, allocator settings.
+    #[command(after_help = "Examples:\n  \
+        oomdoc diff before.pickle after.pickle\n  \
+        oomdoc diff main.pickle branch.pickle --fail-on-growth 5   # CI: exit 1 if the peak grew more than 5%\n  \
+        oomdoc diff before.pickle after.pickle --format markdown -o memory-diff.md")]
+    Diff(DiffArgs),
     /// The memory budget before a run: every byte per GPU with its formula, a verdict, and what would fit.
     #[command(long_about = oomdoc::budget::args::BUDGET_HELP)]
     Budget(BudgetCommand),
@@ -78,6 +85,28 @@ pub struct BudgetCommand {
     /// Output format.
     #[arg(long, short = 'f', value_enum, default_value_t = Format::Text)]
     pub format: Format,
+}
+
+#[derive(clap::Args)]
+pub struct DiffArgs {
+    /// The run before the change: a snapshot (plain, compressed, or the one snapshot of an archive or folder).
+    #[arg(value_name = "BEFORE")]
+    pub before: PathBuf,
+    /// The run after the change.
+    #[arg(value_name = "AFTER")]
+    pub after: PathBuf,
+    /// Output format.
+    #[arg(long, short = 'f', value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Write the comparison to FILE instead of standard output.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// For CI: exit with code 1 when the peak allocated memory grew by more than PCT percent.
+    #[arg(long, value_name = "PCT")]
+    pub fail_on_growth: Option<f64>,
+    /// The moment to compare in each run: oom, peak, end, a time, or event:N. Default: the OOM, else the peak.
+    #[arg(long, value_name = "WHEN", default_value = "auto")]
+    pub at: At,
 }
 
 #[derive(clap::Args)]

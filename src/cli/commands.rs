@@ -9,13 +9,14 @@ use oomdoc::job::{Checklist, Job};
 use oomdoc::report;
 use oomdoc::Error;
 
-use super::args::{AnalyzeArgs, Cli, Color, Command, FactsArgs, TuiArgs};
+use super::args::{AnalyzeArgs, Cli, Color, Command, DiffArgs, FactsArgs, TuiArgs};
 
 pub fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Command::Analyze(args) => analyze(args),
         Command::Facts(args) => facts(args),
         Command::Tui(args) => tui(args),
+        Command::Diff(args) => diff(args),
         Command::Budget(args) => {
             let budget = oomdoc::budget::args::budget(&args.budget)?;
             write_out(None, &report::budget::render(&budget, args.format))?;
@@ -103,6 +104,37 @@ fn over_threshold(
         }
     }
     None
+}
+
+fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
+    let read = |path: &PathBuf| -> Result<oomdoc::analysis::Analysis, Error> {
+        let mut options = oomdoc::job::JobOptions::new([path.clone()]);
+        options.analysis.at = args.at.clone();
+        options.analysis.top = 50;
+        let mut job = Job::read(&options)?;
+        if !job.failed.is_empty() {
+            return Err(job.failed.swap_remove(0));
+        }
+        let analysed = job.analyse().collect::<Result<Vec<_>, _>>()?;
+        if analysed.len() != 1 {
+            return Err(Error::Usage(format!(
+                "{}: oomdoc diff compares one snapshot with one snapshot; this holds {}",
+                path.display(),
+                analysed.len()
+            )));
+        }
+        Ok(analysed.into_iter().next().expect("one").analysis)
+    };
+    let (before, after) = (read(&args.before)?, read(&args.after)?);
+    let d = oomdoc::analysis::diff::of(&before, &after);
+    write_out(args.output.as_ref(), &report::diff::render(&d, args.format))?;
+    if let (Some(limit), Some(grew)) = (args.fail_on_growth, d.peak_growth_pct) {
+        if grew > limit {
+            eprintln!("oomdoc: the peak allocated memory grew {grew:.1}%, over --fail-on-growth {limit}%");
+            return Ok(ExitCode::from(1));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn tui(args: TuiArgs) -> Result<ExitCode, Error> {

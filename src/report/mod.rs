@@ -1,6 +1,7 @@
 //! Renderers. They read an [`Analysis`] (and the timeline, for stacks) and know nothing of input formats.
 
 pub mod budget;
+pub mod diff;
 pub mod facts_table;
 pub mod job_view;
 pub(crate) mod markdown;

@@ -11,6 +11,7 @@ mod bad_input;
 mod bench_generator;
 mod budget;
 mod cli;
+mod diff;
 mod generated_fixtures;
 mod golden;
 mod job_view;

@@ -1,0 +1,52 @@
+//! `oomdoc diff`: two real runs of the same program captured on an H100 (`fixtures/real-gpu/`), with and without
+//! expandable segments; and the CI gate on peak growth.
+
+use crate::common::{oomdoc, stderr, stdout};
+
+const BEFORE: &str = "fixtures/real-gpu/fragmentation/snapshot.pickle";
+const AFTER: &str = "fixtures/real-gpu/fragmentation-expandable/snapshot.pickle";
+
+#[test]
+fn expandable_segments_before_and_after_in_every_format() {
+    let text = stdout(&oomdoc(&["diff", BEFORE, AFTER]));
+    assert!(text.contains("The OOM is gone."), "{text}");
+    assert!(text.contains("resolved  fragmentation"), "{text}");
+    assert!(text.contains("expandable_segments: False → True"), "{text}");
+    insta::assert_snapshot!("diff_expandable_text", text);
+
+    let md = stdout(&oomdoc(&["diff", BEFORE, AFTER, "--format", "markdown"]));
+    insta::assert_snapshot!("diff_expandable_markdown", md);
+
+    let o = oomdoc(&["diff", BEFORE, AFTER, "--format", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let deltas = v["deltas"].as_array().unwrap();
+    for d in deltas {
+        assert!(d["what"].is_string() && d["before_bytes"].is_u64() && d["after_bytes"].is_u64(), "{d}");
+    }
+    let free = deltas.iter().find(|d| d["what"] == "cached free (reserved but not allocated)").unwrap();
+    assert_eq!((free["change"].as_str(), free["after_bytes"].as_u64()), (Some("gone"), Some(0)));
+    assert_eq!(v["findings_resolved"], serde_json::json!(["fragmentation"]));
+    insta::assert_json_snapshot!("diff_expandable_json", v);
+}
+
+#[test]
+fn fail_on_growth_gates_ci_on_the_peak() {
+    // The same program: the peak did not grow.
+    let o = oomdoc(&["diff", BEFORE, AFTER, "--fail-on-growth", "5"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // A run that allocates 11× more: over any sane limit, one line saying by how much.
+    let small = "fixtures/real-gpu/healthy/snapshot.pickle";
+    let big = "fixtures/real-gpu/compile-warmup/snapshot.pickle";
+    let o = oomdoc(&["diff", small, big, "--fail-on-growth", "5", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.lines().count() == 1 && err.contains("grew") && err.contains("--fail-on-growth 5%"), "{err}");
+    assert!(!o.stdout.is_empty(), "the comparison is still written");
+    // Shrinking never fails.
+    let o = oomdoc(&["diff", big, small, "--fail-on-growth", "0"]);
+    assert_eq!(o.status.code(), Some(0));
+    // A missing file is exit 2.
+    let o = oomdoc(&["diff", BEFORE, "nope.pickle"]);
+    assert_eq!(o.status.code(), Some(2));
+}
