@@ -85,6 +85,8 @@ pub struct Job {
     pub checklist: Checklist,
     pub prediction: Option<Budget>,
     pub timelines: Vec<Timeline>,
+    /// Ranks analysed elsewhere, read from oomdoc's own JSON reports: rows of the job view.
+    pub reported: Vec<crate::timeline::reported::ReportedRank>,
     pub failed: Vec<Error>,
     options: JobOptions,
 }
@@ -111,7 +113,7 @@ impl Job {
             (setup(), read)
         });
         let (checklist, prediction) = setup?;
-        let (timelines, failed) = read;
+        let ingest::Loaded { timelines, reported, failed } = read;
         if options.timing {
             eprintln!(
                 "oomdoc: read {} files in {:.3} s{}",
@@ -120,13 +122,13 @@ impl Job {
                 peak_rss()
             );
         }
-        Ok(Job { checklist, prediction, timelines, failed, options: options.clone() })
+        Ok(Job { checklist, prediction, timelines, reported, failed, options: options.clone() })
     }
 
     /// A job over timelines already read (a snapshot decoded from memory), checked with `checklist`.
     pub fn of_timelines(timelines: Vec<Timeline>, checklist: Checklist, options: &JobOptions) -> Result<Job, Error> {
         let prediction = budget::args::predict(&options.predict)?;
-        Ok(Job { checklist, prediction, timelines, failed: Vec::new(), options: options.clone() })
+        Ok(Job { checklist, prediction, timelines, reported: Vec::new(), failed: Vec::new(), options: options.clone() })
     }
 
     /// Reads one input with the default options and the built-in checklist.

@@ -4,7 +4,8 @@
 
 use serde::Serialize;
 
-use super::{Analysis, DeviceReport, Severity};
+use super::{Analysis, Severity};
+use crate::timeline::reported::{ReportedDevice, ReportedFinding, ReportedRank};
 
 /// A rank's category counts as standing out when it holds more than this many times the median of the other ranks.
 const OUTLIER_FACTOR: f64 = 2.0;
@@ -36,7 +37,7 @@ pub struct RankRow {
     pub primary_rule: Option<String>,
     /// What held the most memory at the reported moment: `activation: model.py:41 in forward`.
     pub holder: Option<String>,
-    /// Index of this rank's report in the job's list of analyses.
+    /// Index of this rank in the list the view was made from.
     #[serde(skip)]
     pub analysis: usize,
 }
@@ -57,7 +58,7 @@ pub struct Outlier {
     /// One line: "activation 30.1 GiB, 4.1× the other ranks' median (7.3 GiB)".
     pub why: String,
     /// The category that stands out (null when it is the holder stack that differs).
-    pub category: Option<&'static str>,
+    pub category: Option<String>,
     pub bytes: u64,
     pub median_bytes: u64,
 }
@@ -125,30 +126,59 @@ pub fn rank_from_name(path: &str) -> Option<u32> {
     None
 }
 
-/// The snapshot an analysis was made from (its first snapshot input, else its first input).
-fn snapshot_input(a: &Analysis) -> String {
-    a.inputs
+/// What the job view needs of one analysed snapshot: the same summary a JSON report gives when read back, so a
+/// job of snapshots and a job of reports are one view.
+pub fn summary(a: &Analysis) -> ReportedRank {
+    let input = a
+        .inputs
         .iter()
         .find(|i| i.kind == "pytorch_snapshot")
         .or(a.inputs.first())
-        .map_or_else(String::new, |i| i.path.clone())
+        .map_or_else(String::new, |i| i.path.clone());
+    let devices = a
+        .devices
+        .iter()
+        .map(|d| {
+            let (pa, pr) = d
+                .peak
+                .as_ref()
+                .map_or((d.allocated_bytes, d.reserved_bytes), |p| (p.allocated_bytes, p.reserved_bytes));
+            let verdict = d.verdict.as_ref();
+            ReportedDevice {
+                device: d.device,
+                allocated_bytes: d.allocated_bytes,
+                peak_allocated_bytes: pa.max(d.allocated_bytes),
+                peak_reserved_bytes: pr.max(d.reserved_bytes),
+                oom: d.oom.is_some(),
+                oom_time_us: d.oom.as_ref().and_then(|o| o.time_us),
+                primary_rule: verdict.and_then(|v| v.primary_rule.clone()),
+                holder: verdict
+                    .and_then(|v| v.holder.as_ref())
+                    .map(|h| (h.category.to_string(), h.stack.clone(), h.bytes)),
+                by_category: d.by_category.iter().map(|c| (c.category.to_string(), c.bytes)).collect(),
+            }
+        })
+        .collect();
+    let findings = a
+        .findings
+        .iter()
+        .map(|f| ReportedFinding {
+            rule: f.rule.clone(),
+            severity: f.severity.name().to_string(),
+            title: f.title.clone(),
+            device: f.device,
+            bytes: f.bytes,
+            line: crate::ingest::oomdoc_report::finding_line(&f.evidence),
+        })
+        .collect();
+    ReportedRank { input, devices, findings }
 }
 
-fn row(a: &Analysis, index: usize, rank: u32, d: &DeviceReport) -> RankRow {
-    let (peak_alloc, peak_res) =
-        d.peak.as_ref().map_or((d.allocated_bytes, d.reserved_bytes), |p| (p.allocated_bytes, p.reserved_bytes));
-    let verdict = d.verdict.as_ref();
-    RankRow {
-        input: snapshot_input(a),
-        rank,
-        device: d.device,
-        peak_allocated_bytes: peak_alloc.max(d.allocated_bytes),
-        peak_reserved_bytes: peak_res.max(d.reserved_bytes),
-        oom: d.oom.is_some(),
-        oom_time_us: d.oom.as_ref().and_then(|o| o.time_us),
-        primary_rule: verdict.and_then(|v| v.primary_rule.clone()),
-        holder: verdict.and_then(|v| v.holder.as_ref()).map(|h| format!("{}: {}", h.category, h.stack)),
-        analysis: index,
+fn severity(s: &str) -> Severity {
+    match s {
+        "error" => Severity::Error,
+        "warning" => Severity::Warning,
+        _ => Severity::Info,
     }
 }
 
@@ -165,20 +195,32 @@ fn median(mut v: Vec<u64>) -> u64 {
     }
 }
 
-/// The job view of several snapshots' analyses, or `None` for one snapshot (its report is the whole story).
-pub fn of(analyses: &[&Analysis]) -> Option<JobView> {
-    if analyses.len() < 2 {
+/// The job view of several ranks (snapshots analysed here and reports read back), or `None` for one (its report
+/// is the whole story). A row's `analysis` is its index in `ranks`.
+pub fn of(ranks_in: &[ReportedRank]) -> Option<JobView> {
+    if ranks_in.len() < 2 {
         return None;
     }
-    let named: Vec<Option<u32>> = analyses.iter().map(|a| rank_from_name(&snapshot_input(a))).collect();
+    let named: Vec<Option<u32>> = ranks_in.iter().map(|r| rank_from_name(&r.input)).collect();
     // Names give the ranks only when every file has one and no two share it; otherwise the order given does.
     let mut seen = std::collections::BTreeSet::new();
     let by_name = named.iter().all(|r| r.is_some_and(|r| seen.insert(r)));
     let mut ranks = Vec::new();
-    for (i, a) in analyses.iter().enumerate() {
+    for (i, a) in ranks_in.iter().enumerate() {
         let rank = if by_name { named[i].expect("checked") } else { i as u32 };
         for d in &a.devices {
-            ranks.push(row(a, i, rank, d));
+            ranks.push(RankRow {
+                input: a.input.clone(),
+                rank,
+                device: d.device,
+                peak_allocated_bytes: d.peak_allocated_bytes,
+                peak_reserved_bytes: d.peak_reserved_bytes,
+                oom: d.oom,
+                oom_time_us: d.oom_time_us,
+                primary_rule: d.primary_rule.clone(),
+                holder: d.holder.as_ref().map(|(c, s, _)| format!("{c}: {s}")),
+                analysis: i,
+            });
         }
     }
     ranks.sort_by_key(|r| (r.rank, r.device));
@@ -189,35 +231,35 @@ pub fn of(analyses: &[&Analysis]) -> Option<JobView> {
         .min_by_key(|r| (r.oom_time_us.unwrap_or(i64::MAX), r.rank))
         .map(|r| RankRef { input: r.input.clone(), rank: r.rank, device: r.device });
 
-    let outliers = outliers(analyses, &ranks);
-    let findings = merged_findings(analyses, &ranks);
+    let outliers = outliers(ranks_in, &ranks);
+    let findings = merged_findings(ranks_in, &ranks);
     Some(JobView { ranks, first_oom, outliers, findings })
 }
 
-fn device_of<'a>(analyses: &[&'a Analysis], r: &RankRow) -> Option<&'a DeviceReport> {
-    analyses[r.analysis].devices.iter().find(|d| d.device == r.device)
+fn device_of<'a>(ranks_in: &'a [ReportedRank], r: &RankRow) -> Option<&'a ReportedDevice> {
+    ranks_in[r.analysis].devices.iter().find(|d| d.device == r.device)
 }
 
-fn outliers(analyses: &[&Analysis], ranks: &[RankRow]) -> Vec<Outlier> {
+fn outliers(ranks_in: &[ReportedRank], ranks: &[RankRow]) -> Vec<Outlier> {
     let mut out = Vec::new();
-    let categories: std::collections::BTreeSet<&'static str> = ranks
+    let categories: std::collections::BTreeSet<&str> = ranks
         .iter()
-        .filter_map(|r| device_of(analyses, r))
-        .flat_map(|d| d.by_category.iter().map(|c| c.category))
+        .filter_map(|r| device_of(ranks_in, r))
+        .flat_map(|d| d.by_category.iter().map(|c| c.0.as_str()))
         .collect();
     let bytes_in = |r: &RankRow, cat: &str| -> u64 {
-        device_of(analyses, r).and_then(|d| d.by_category.iter().find(|c| c.category == cat)).map_or(0, |c| c.bytes)
+        device_of(ranks_in, r).and_then(|d| d.by_category.iter().find(|c| c.0 == cat)).map_or(0, |c| c.1)
     };
     for (i, r) in ranks.iter().enumerate() {
-        let Some(d) = device_of(analyses, r) else { continue };
+        let Some(d) = device_of(ranks_in, r) else { continue };
         // The category that stands out most on this rank, against the median of the others.
-        let mut best: Option<(f64, &'static str, u64, u64)> = None;
+        let mut best: Option<(f64, &str, u64, u64)> = None;
         let typical = median(
             ranks
                 .iter()
                 .enumerate()
                 .filter(|(j, _)| *j != i)
-                .filter_map(|(_, o)| device_of(analyses, o))
+                .filter_map(|(_, o)| device_of(ranks_in, o))
                 .map(|o| o.allocated_bytes)
                 .collect(),
         );
@@ -234,26 +276,18 @@ fn outliers(analyses: &[&Analysis], ranks: &[RankRow]) -> Vec<Outlier> {
             }
         }
         if let Some((factor, cat, mine, med)) = best {
-            let times = if factor.is_finite() {
-                format!("{factor:.1}×")
-            } else {
-                "more than any other rank's: they hold none".into()
-            };
+            let b = crate::units::bytes;
             let why = if factor.is_finite() {
-                format!(
-                    "{cat} {}, {times} the other ranks' median ({})",
-                    crate::units::bytes(mine),
-                    crate::units::bytes(med)
-                )
+                format!("{cat} {}, {factor:.1}× the other ranks' median ({})", b(mine), b(med))
             } else {
-                format!("{cat} {}, {times}", crate::units::bytes(mine))
+                format!("{cat} {}, where the other ranks hold none", b(mine))
             };
             out.push(Outlier {
                 input: r.input.clone(),
                 rank: r.rank,
                 device: r.device,
                 why,
-                category: Some(cat),
+                category: Some(cat.to_string()),
                 bytes: mine,
                 median_bytes: med,
             });
@@ -265,14 +299,13 @@ fn outliers(analyses: &[&Analysis], ranks: &[RankRow]) -> Vec<Outlier> {
                 ranks.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, o)| o.holder.as_ref()).collect();
             let agree = others.first().is_some_and(|first| others.len() >= 2 && others.iter().all(|o| o == first));
             if agree && others[0] != h {
-                let bytes = d.verdict.as_ref().and_then(|v| v.holder.as_ref()).map_or(0, |h| h.bytes);
                 out.push(Outlier {
                     input: r.input.clone(),
                     rank: r.rank,
                     device: r.device,
                     why: format!("held by {h}, where the other ranks are held by {}", others[0]),
                     category: None,
-                    bytes,
+                    bytes: d.holder.as_ref().map_or(0, |h| h.2),
                     median_bytes: 0,
                 });
             }
@@ -281,36 +314,36 @@ fn outliers(analyses: &[&Analysis], ranks: &[RankRow]) -> Vec<Outlier> {
     out
 }
 
-fn merged_findings(analyses: &[&Analysis], ranks: &[RankRow]) -> Vec<MergedFinding> {
+fn merged_findings(ranks_in: &[ReportedRank], ranks: &[RankRow]) -> Vec<MergedFinding> {
     let rank_of = |analysis: usize, device: Option<i64>| {
         ranks.iter().find(|r| r.analysis == analysis && device.is_none_or(|d| d == r.device)).map(|r| r.rank)
     };
     let of = ranks.iter().map(|r| r.rank).collect::<std::collections::BTreeSet<_>>().len();
     let mut merged: Vec<(MergedFinding, Vec<Option<String>>)> = Vec::new();
-    for (i, a) in analyses.iter().enumerate() {
+    for (i, a) in ranks_in.iter().enumerate() {
         for f in &a.findings {
             let Some(rank) = rank_of(i, f.device) else { continue };
-            let line = finding_line(a, f);
+            let sev = severity(&f.severity);
             match merged.iter_mut().find(|(m, _)| m.rule == f.rule) {
                 Some((m, lines)) => {
                     if !m.ranks.contains(&rank) {
                         m.ranks.push(rank);
                     }
-                    m.severity = m.severity.max(f.severity);
+                    m.severity = m.severity.max(sev);
                     m.bytes = m.bytes.max(f.bytes);
-                    lines.push(line);
+                    lines.push(f.line.clone());
                 }
                 None => merged.push((
                     MergedFinding {
                         rule: f.rule.clone(),
-                        severity: f.severity,
+                        severity: sev,
                         title: f.title.clone(),
                         ranks: vec![rank],
                         of,
                         bytes: f.bytes,
                         same_line: None,
                     },
-                    vec![line],
+                    vec![f.line.clone()],
                 )),
             }
         }
@@ -327,20 +360,6 @@ fn merged_findings(analyses: &[&Analysis], ranks: &[RankRow]) -> Vec<MergedFindi
         .collect();
     out.sort_by(|a, b| b.severity.cmp(&a.severity).then(b.ranks.len().cmp(&a.ranks.len())).then(a.rule.cmp(&b.rule)));
     out
-}
-
-/// The line a finding points at: the `caller` or `where` fact of the subject its evidence is about (`leak.caller`
-/// for a leak's evidence `leak.stacks`), on its GPU.
-fn finding_line(a: &Analysis, f: &super::Finding) -> Option<String> {
-    let d = a.devices.iter().find(|d| Some(d.device) == f.device)?;
-    let subjects: Vec<&str> =
-        f.evidence.as_object()?.keys().filter_map(|k| k.split_once('.').map(|(s, _)| s)).collect();
-    subjects.iter().flat_map(|s| [format!("{s}.caller"), format!("{s}.where")]).find_map(|k| {
-        match &d.facts.get(&k)?.value {
-            super::facts::Val::Str(s) if !s.is_empty() => Some(s.clone()),
-            _ => None,
-        }
-    })
 }
 
 #[cfg(test)]

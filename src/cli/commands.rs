@@ -54,8 +54,8 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
     let worst = analysed.iter().flat_map(|a| &a.analysis.findings).map(|f| f.severity).max();
     let over = over_threshold(&analysed, args.max_peak, args.max_reserved);
     let failed = report_failed(&job);
-    if !analysed.is_empty() {
-        write_out(args.output.as_ref(), &report::render_job(args.format, analysed, color))?;
+    if !analysed.is_empty() || !job.reported.is_empty() {
+        write_out(args.output.as_ref(), &report::render_job(args.format, analysed, &job.reported, color))?;
     }
     // Freeing millions of small records takes longer than the process exit that reclaims them anyway.
     std::mem::forget(job);

@@ -5,6 +5,7 @@ pub mod nsys;
 pub mod nsys_sqlite;
 pub mod nvidia_smi;
 pub mod oom_log;
+pub mod oomdoc_report;
 pub mod pickle;
 pub mod read_ahead;
 pub mod reader;
@@ -71,6 +72,8 @@ pub enum Kind {
     /// Nsight Compute: the CSV details page (`ncu --csv`), the raw page (`--page raw`), or the human-readable
     /// page ncu prints without `--csv`.
     Ncu,
+    /// oomdoc's own JSON report of one rank (`analyze --format json`): a row of the job view.
+    Report,
 }
 
 /// How to read a job's artifacts.
@@ -92,6 +95,8 @@ pub struct LoadOptions {
 #[derive(Default)]
 pub struct Collected {
     snapshots: Vec<Timeline>,
+    /// Ranks analysed elsewhere (oomdoc's own JSON reports).
+    reported: Vec<crate::timeline::reported::ReportedRank>,
     text: TextArtifacts,
     /// Members of an archive or files of a folder that could not be read (the others still are).
     failed: Vec<Error>,
@@ -139,7 +144,7 @@ impl TextArtifacts {
 /// Reads every artifact of one job. Each snapshot gives a timeline; what the text artifacts (logs, nvidia-smi)
 /// say is joined with every one of them, on the snapshot's clock. Without a snapshot the text artifacts form one
 /// timeline of their own. An input that cannot be read is an error of its own, beside the timelines of the others.
-pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> (Vec<Timeline>, Vec<Error>) {
+pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> Loaded {
     let mut job = Collected::default();
     let mut failed = Vec::new();
     for path in paths {
@@ -148,7 +153,7 @@ pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> (Vec<Timeli
         }
         failed.append(&mut job.failed);
     }
-    let Collected { mut snapshots, mut text, .. } = job;
+    let Collected { mut snapshots, mut text, reported, .. } = job;
     if let Err(e) = reader::finish_nsys_files(opts, &mut text) {
         failed.push(e);
     }
@@ -159,7 +164,15 @@ pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> (Vec<Timeli
         text.join(tl);
         clock::align(tl, &opts.clock);
     }
-    (snapshots, failed)
+    Loaded { timelines: snapshots, reported, failed }
+}
+
+/// A job's inputs, read: one timeline per snapshot (or one for text artifacts alone), the ranks analysed
+/// elsewhere, and the inputs that could not be read.
+pub struct Loaded {
+    pub timelines: Vec<Timeline>,
+    pub reported: Vec<crate::timeline::reported::ReportedRank>,
+    pub failed: Vec<Error>,
 }
 
 /// Keeps the first few malformed lines and the count; with `--strict` the first one is an error.

@@ -38,8 +38,8 @@ pub trait Reader: Sync {
 /// Every reader, in the order detection asks them: binary formats first, then profiler exports (their header rows
 /// are specific, and a console capture may quote the profiled program's own output, an OOM message included), then
 /// logs, then nvidia-smi.
-pub static READERS: [&dyn Reader; 6] =
-    [&SnapshotReader, &NsysSqliteReader, &NcuReader, &NsysReader, &LogReader, &NvidiaSmiReader];
+pub static READERS: [&dyn Reader; 7] =
+    [&SnapshotReader, &NsysSqliteReader, &ReportReader, &NcuReader, &NsysReader, &LogReader, &NvidiaSmiReader];
 
 /// Bytes read ahead to recognise an input (a tar header's magic sits at byte 257).
 pub const HEAD: usize = 512;
@@ -262,6 +262,27 @@ impl Reader for SnapshotReader {
             None => super::load_stream(input, opts.show_progress)?,
         };
         job.snapshots.push(tl);
+        Ok(())
+    }
+}
+
+/// oomdoc's own JSON report of one rank: a row of the job view, read back for the reduce step.
+pub struct ReportReader;
+
+impl Reader for ReportReader {
+    fn kind(&self) -> Kind {
+        Kind::Report
+    }
+    fn detect(&self, input: &Detect) -> bool {
+        // Before the logs: a report quotes the OOM messages it read.
+        input.text.is_some_and(super::oomdoc_report::sniff)
+    }
+    fn read(&self, input: Input, _opts: &LoadOptions, job: &mut Collected) -> Result<(), Error> {
+        let shown = input.name.clone();
+        let text = input.into_text()?;
+        let ranks = super::oomdoc_report::parse(&text, &shown)
+            .map_err(|source| Error::Input { path: shown.clone(), source })?;
+        job.reported.extend(ranks);
         Ok(())
     }
 }

@@ -7,8 +7,9 @@ use std::fmt::Write;
 use crate::analysis::job_view::{JobView, RankRow};
 use crate::units::{bytes, duration_us};
 
-/// The analyses to report in full: every rank that ran out of memory or stands out; the rank with the highest
-/// peak when none did. The others are their row in the table.
+/// The ranks to report in full: every rank that ran out of memory or stands out; the rank with the highest peak
+/// when none did. The others are their row in the table. Ranks read from JSON reports (an index past the
+/// analysed ones) have their full report in that JSON.
 pub fn detailed(view: &JobView) -> BTreeSet<usize> {
     let mut keep: BTreeSet<usize> = view.ranks.iter().filter(|r| r.oom).map(|r| r.analysis).collect();
     for o in &view.outliers {
@@ -58,10 +59,10 @@ fn ranks_list(ranks: &[u32]) -> String {
 }
 
 /// The lines that say what is shown in full and why.
-fn shown_in_full(view: &JobView) -> String {
+fn shown_in_full(view: &JobView, analysed: usize) -> String {
     let keep = detailed(view);
     let mut why = Vec::new();
-    for r in view.ranks.iter().filter(|r| keep.contains(&r.analysis)) {
+    for r in view.ranks.iter().filter(|r| keep.contains(&r.analysis) && r.analysis < analysed) {
         let reason = if r.oom {
             "ran out of memory"
         } else if view.outliers.iter().any(|o| o.rank == r.rank && o.device == r.device) {
@@ -74,8 +75,12 @@ fn shown_in_full(view: &JobView) -> String {
             why.push(item);
         }
     }
-    let rest = view.ranks.iter().filter(|r| !keep.contains(&r.analysis)).count();
-    let mut s = format!("In full below: {}", why.join(", "));
+    let rest = view.ranks.iter().filter(|r| !keep.contains(&r.analysis) && r.analysis < analysed).count();
+    let mut s = if why.is_empty() {
+        "Every rank was read from its JSON report: each report has its rank in full".to_string()
+    } else {
+        format!("In full below: {}", why.join(", "))
+    };
     if rest > 0 {
         s.push_str("; the other ranks are their row above (--format json has every rank in full)");
     }
@@ -93,11 +98,18 @@ fn merged_line(m: &crate::analysis::job_view::MergedFinding) -> String {
     s
 }
 
-pub fn text(view: &JobView, bold: impl Fn(&str) -> String) -> String {
+pub fn text(view: &JobView, analysed: usize, bold: impl Fn(&str) -> String) -> String {
     let mut o = String::new();
     let snapshots: BTreeSet<&str> = view.ranks.iter().map(|r| r.input.as_str()).collect();
     let rank_count = view.ranks.iter().map(|r| r.rank).collect::<BTreeSet<_>>().len();
-    let _ = writeln!(o, "{}", bold(&format!("Job: {rank_count} ranks, {} snapshots", snapshots.len())));
+    let reports =
+        view.ranks.iter().filter(|r| r.analysis >= analysed).map(|r| r.analysis).collect::<BTreeSet<_>>().len();
+    let from = match (snapshots.len() - reports, reports) {
+        (n, 0) => format!("{n} snapshots"),
+        (0, r) => format!("{r} JSON reports"),
+        (n, r) => format!("{n} snapshots and {r} JSON reports"),
+    };
+    let _ = writeln!(o, "{}", bold(&format!("Job: {rank_count} ranks, {from}")));
     match &view.first_oom {
         Some(f) => {
             let n = view.ranks.iter().filter(|r| r.oom).count();
@@ -162,11 +174,11 @@ pub fn text(view: &JobView, bold: impl Fn(&str) -> String) -> String {
     for m in &view.findings {
         let _ = writeln!(o, "  across ranks: {} {}", m.severity.name(), merged_line(m));
     }
-    let _ = writeln!(o, "  {}", shown_in_full(view));
+    let _ = writeln!(o, "  {}", shown_in_full(view, analysed));
     o
 }
 
-pub fn markdown(view: &JobView, esc: impl Fn(&str) -> String) -> String {
+pub fn markdown(view: &JobView, analysed: usize, esc: impl Fn(&str) -> String) -> String {
     let mut o = String::new();
     let rank_count = view.ranks.iter().map(|r| r.rank).collect::<BTreeSet<_>>().len();
     let _ = writeln!(o, "## Job: {rank_count} ranks\n");
@@ -201,6 +213,6 @@ pub fn markdown(view: &JobView, esc: impl Fn(&str) -> String) -> String {
     for m in &view.findings {
         let _ = writeln!(o, "- **Across ranks**: {} {}", m.severity.name(), esc(&merged_line(m)));
     }
-    let _ = writeln!(o, "\n{}\n", esc(&shown_in_full(view)));
+    let _ = writeln!(o, "\n{}\n", esc(&shown_in_full(view, analysed)));
     o
 }

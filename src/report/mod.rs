@@ -39,14 +39,35 @@ pub fn render(format: Format, analysis: &Analysis, tl: &Timeline, color: bool) -
     }
 }
 
-/// Renders a whole job. One snapshot: its report. Several: the job view first (ranks, first OOM, outliers, findings
-/// across ranks); then in text and Markdown the full reports of the ranks that matter ([`job_view::detailed`]), in
-/// JSON one document whose inputs, devices and findings are every rank's, with the view as `job`.
-pub fn render_job(format: Format, analysed: Vec<Analysed>, color: bool) -> String {
-    let view = crate::analysis::job_view::of(&analysed.iter().map(|a| &a.analysis).collect::<Vec<_>>());
+/// Renders a whole job. One snapshot: its report. Several ranks (snapshots analysed here, or ranks `reported` by
+/// oomdoc's own JSON reports): the job view first (ranks, first OOM, outliers, findings across ranks); then in text
+/// and Markdown the full reports of the analysed ranks that matter ([`job_view::detailed`]), in JSON one document
+/// whose inputs, devices and findings are every analysed rank's, with the view as `job`.
+pub fn render_job(
+    format: Format,
+    analysed: Vec<Analysed>,
+    reported: &[crate::timeline::reported::ReportedRank],
+    color: bool,
+) -> String {
+    let analysed_count = analysed.len();
+    let mut ranks: Vec<_> = analysed.iter().map(|a| crate::analysis::job_view::summary(&a.analysis)).collect();
+    ranks.extend(reported.iter().cloned());
+    let view = crate::analysis::job_view::of(&ranks);
     if format == Format::Json {
         let mut all = analysed.into_iter();
-        let Some(first) = all.next() else { return String::new() };
+        let Some(first) = all.next() else {
+            // Reports only: the view is the whole document.
+            let doc = serde_json::json!({
+                "schema_version": crate::analysis::SCHEMA_VERSION,
+                "tool": "oomdoc",
+                "tool_version": env!("CARGO_PKG_VERSION"),
+                "inputs": [],
+                "devices": [],
+                "findings": [],
+                "job": view,
+            });
+            return serde_json::to_string_pretty(&doc).expect("json") + "\n";
+        };
         let mut combined = first.analysis;
         for a in all {
             combined.inputs.extend(a.analysis.inputs);
@@ -60,8 +81,10 @@ pub fn render_job(format: Format, analysed: Vec<Analysed>, color: bool) -> Strin
     let keep = view.as_ref().map(job_view::detailed);
     if let Some(v) = &view {
         out.push_str(&match format {
-            Format::Markdown => job_view::markdown(v, markdown::esc),
-            _ => job_view::text(v, |s| if color { format!("\x1b[1m{s}\x1b[0m") } else { s.to_string() }),
+            Format::Markdown => job_view::markdown(v, analysed_count, markdown::esc),
+            _ => {
+                job_view::text(v, analysed_count, |s| if color { format!("\x1b[1m{s}\x1b[0m") } else { s.to_string() })
+            }
         });
     }
     for (i, a) in analysed.iter().enumerate() {

@@ -332,6 +332,11 @@ impl RuleSet {
             let mut names = Vec::new();
             expr::facts(&case.when, &mut names);
             names.extend(case.evidence.iter().cloned());
+            // The line each subject of the evidence points at (`leak.caller` beside `leak.stacks`): what a job view
+            // merges ranks by, and what a reader of the JSON wants next to the numbers.
+            let subjects: std::collections::BTreeSet<String> =
+                names.iter().filter_map(|n| n.split_once('.').map(|(s, _)| s.to_string())).collect();
+            names.extend(subjects.iter().flat_map(|s| [format!("{s}.caller"), format!("{s}.where")]));
             let mut evidence = BTreeMap::new();
             for n in names {
                 if let Some(f) = facts.get(&n) {

@@ -4,6 +4,7 @@ pub mod clock;
 pub mod observed;
 pub mod profile;
 pub mod replay;
+pub mod reported;
 pub mod stacks;
 
 use serde::Serialize;

@@ -133,3 +133,39 @@ fn without_rank_names_the_order_given_is_the_rank() {
     assert!(v.get("job").is_none(), "{}", stderr(&one));
     let _ = ranks.paths(&[]);
 }
+
+#[test]
+fn map_reduce_per_rank_json_reports_give_the_same_job_view_as_the_snapshots() {
+    // Map: one `analyze --format json` per rank, where its file is. Reduce: one analyze over the reports.
+    let ranks = Ranks::new("mapreduce", &DDP);
+    let mut reports = Vec::new();
+    for (name, _) in DDP {
+        let o = analyze_in(&ranks.0, &["--format", "json", name]);
+        assert!(o.status.success());
+        let json = name.replace(".pickle", ".json");
+        std::fs::write(ranks.0.join(&json), &o.stdout).unwrap();
+        reports.push(json);
+    }
+    let names: Vec<&str> = DDP.iter().map(|(n, _)| *n).collect();
+    let direct: serde_json::Value =
+        serde_json::from_slice(&analyze_in(&ranks.0, &[&["--format", "json"][..], &names].concat()).stdout).unwrap();
+    let reports: Vec<&str> = reports.iter().map(String::as_str).collect();
+    let o = analyze_in(&ranks.0, &[&["--format", "json"][..], &reports].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let reduced: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(reduced["job"], direct["job"], "the job view from the reports is the snapshots' view");
+    assert_eq!(reduced["schema_version"], 1);
+    // Reports and snapshots mixed: the same view.
+    let mixed = ["rank0.json", "rank1.pickle", "rank2.json", "rank3.pickle"];
+    let o = analyze_in(&ranks.0, &[&["--format", "json"][..], &mixed].concat());
+    let mixed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(mixed["job"], direct["job"]);
+    // In text the job view names where the ranks came from.
+    let text = stdout(&analyze_in(&ranks.0, &[&["--color", "never"][..], &reports].concat()));
+    assert!(text.starts_with("Job: 4 ranks, 4 JSON reports\n  first OOM: rank 2, GPU 0 (rank2.pickle)"), "{text}");
+    // A job's report is not a rank's: refused in one line.
+    std::fs::write(ranks.0.join("job.json"), serde_json::to_vec(&direct).unwrap()).unwrap();
+    let o = analyze_in(&ranks.0, &["job.json"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("give the per-rank reports"));
+}

@@ -1,0 +1,40 @@
+//! A rank analysed elsewhere: what one of oomdoc's own JSON reports says of it, enough for the job view. The reduce
+//! half of a job too large for one machine: `oomdoc analyze --format json` per rank where the files are, then one
+//! `oomdoc analyze` over the small reports.
+
+/// One JSON report: the snapshot it was made from, its GPUs and its findings.
+#[derive(Clone, Debug, Default)]
+pub struct ReportedRank {
+    /// The snapshot the report names (its rank is read from this name), or the report's own path.
+    pub input: String,
+    pub devices: Vec<ReportedDevice>,
+    pub findings: Vec<ReportedFinding>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ReportedDevice {
+    pub device: i64,
+    /// At the moment the report describes.
+    pub allocated_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub oom: bool,
+    pub oom_time_us: Option<i64>,
+    pub primary_rule: Option<String>,
+    /// What held the most memory: its category, the lines that allocated it, its bytes.
+    pub holder: Option<(String, String, u64)>,
+    /// Bytes by category at the moment.
+    pub by_category: Vec<(String, u64)>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ReportedFinding {
+    pub rule: String,
+    /// `info`, `warning` or `error`.
+    pub severity: String,
+    pub title: String,
+    pub device: Option<i64>,
+    pub bytes: Option<u64>,
+    /// The line the finding points at (a subject's `caller` or `where` in its evidence).
+    pub line: Option<String>,
+}
