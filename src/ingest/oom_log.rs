@@ -364,7 +364,11 @@ fn read_message(m: &str, first_line: &str) -> Option<OomMessage> {
     } else if m.contains("NCCL") && m.to_ascii_lowercase().contains("out of memory") {
         o.kind = OomKind::Nccl;
         o.device_type = "CUDA".into();
-        f.end = w.len().min(w.to_ascii_lowercase().find("outofmemory").map_or(w.len(), |p| p + 12));
+        // "out of memory" and the character after it (a quote or a full stop), whatever its width.
+        f.end = w.to_ascii_lowercase().find("outofmemory").map_or(w.len(), |p| {
+            let after = p + "outofmemory".len();
+            after + w[after..].chars().next().map_or(0, char::len_utf8)
+        });
     } else if let Some(c) = re(&TF, r"failed to allocate (\d+(?:\.\d+)?)([KMGTPE]i?B?|B|bytes)? \((\d+) bytes\) from device: CUDA_ERROR_OUT_OF_MEMORY").captures(m) {
         o.kind = OomKind::Tensorflow;
         o.requested_bytes = c[3].parse().ok();
@@ -394,7 +398,11 @@ fn read_message(m: &str, first_line: &str) -> Option<OomMessage> {
     } else {
         return None;
     }
-    let end = at.get(f.end).copied().unwrap_or(m.len()).min(m.len());
+    let mut end = at.get(f.end).copied().unwrap_or(m.len()).min(m.len());
+    // A cut inside a character of the squeezed text maps inside it here too: keep the whole character.
+    while !m.is_char_boundary(end) {
+        end += 1;
+    }
     o.text = cut(&m[..end].split_whitespace().collect::<Vec<_>>().join(" "), 1000);
     Some(o)
 }

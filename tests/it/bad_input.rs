@@ -190,6 +190,7 @@ fn every_fuzz_crash_is_replayed() {
             "categories" => fuzz_targets::categories,
             "budget_config" => fuzz_targets::budget_config,
             "job" => fuzz_targets::job,
+            "archive" => fuzz_targets::archive,
             other => panic!("fuzz/regressions/{other}: no such fuzz target"),
         };
         let mut files: Vec<_> = std::fs::read_dir(&target).unwrap().map(|e| e.unwrap().path()).collect();
