@@ -85,6 +85,12 @@ pub struct Job {
     pub checklist: Checklist,
     pub prediction: Option<Budget>,
     pub timelines: Vec<Timeline>,
+    /// Each timeline's place among the job's snapshots (the order they were given).
+    timeline_seq: Vec<usize>,
+    /// Snapshot files recognised but not read yet (`LoadOptions::defer_snapshot_files`): [`Job::each_rank`] reads
+    /// them.
+    deferred: Vec<(usize, PathBuf)>,
+    joiner: Option<ingest::Joiner>,
     /// Ranks analysed elsewhere, read from oomdoc's own JSON reports: rows of the job view.
     pub reported: Vec<crate::timeline::reported::ReportedRank>,
     pub failed: Vec<Error>,
@@ -113,7 +119,7 @@ impl Job {
             (setup(), read)
         });
         let (checklist, prediction) = setup?;
-        let ingest::Loaded { timelines, reported, failed } = read;
+        let ingest::Loaded { timelines, timeline_seq, deferred, joiner, reported, failed } = read;
         if options.timing {
             eprintln!(
                 "oomdoc: read {} files in {:.3} s{}",
@@ -122,13 +128,33 @@ impl Job {
                 peak_rss()
             );
         }
-        Ok(Job { checklist, prediction, timelines, reported, failed, options: options.clone() })
+        Ok(Job {
+            checklist,
+            prediction,
+            timelines,
+            timeline_seq,
+            deferred,
+            joiner: Some(joiner),
+            reported,
+            failed,
+            options: options.clone(),
+        })
     }
 
     /// A job over timelines already read (a snapshot decoded from memory), checked with `checklist`.
     pub fn of_timelines(timelines: Vec<Timeline>, checklist: Checklist, options: &JobOptions) -> Result<Job, Error> {
         let prediction = budget::args::predict(&options.predict)?;
-        Ok(Job { checklist, prediction, timelines, reported: Vec::new(), failed: Vec::new(), options: options.clone() })
+        Ok(Job {
+            checklist,
+            prediction,
+            timeline_seq: (0..timelines.len()).collect(),
+            timelines,
+            deferred: Vec::new(),
+            joiner: None,
+            reported: Vec::new(),
+            failed: Vec::new(),
+            options: options.clone(),
+        })
     }
 
     /// Reads one input with the default options and the built-in checklist.
@@ -143,6 +169,50 @@ impl Job {
     /// Analyses each timeline that holds something read, in order, and runs the checklist on it.
     pub fn analyse(&self) -> impl Iterator<Item = Result<Analysed<'_>, Error>> {
         self.timelines.iter().filter(|tl| !tl.inputs.is_empty()).map(|tl| self.analyse_timeline(tl))
+    }
+
+    /// Every snapshot of the job analysed and handed to `each`, in the order they were given; what `each` returns is
+    /// kept, the timeline is not. Snapshot files the reading deferred are read here on every core, a few at a time,
+    /// so a job of a thousand ranks needs the memory of a few (and of what `each` keeps). A snapshot that cannot be
+    /// read or analysed is its error in the list; the others go on.
+    pub fn each_rank<R: Send>(&self, each: impl Fn(Analysed<'_>) -> R + Sync) -> Vec<Result<R, Error>> {
+        let mut out: Vec<(usize, Result<R, Error>)> = self
+            .timelines
+            .iter()
+            .zip(&self.timeline_seq)
+            .filter(|(tl, _)| !tl.inputs.is_empty())
+            .map(|(tl, &seq)| (seq, self.analyse_timeline(tl).map(&each)))
+            .collect();
+        if let (Some(joiner), false) = (&self.joiner, self.deferred.is_empty()) {
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let done = std::sync::Mutex::new(Vec::with_capacity(self.deferred.len()));
+            let bar = (self.deferred.len() >= 8)
+                .then(|| ingest::count_bar(self.options.load.show_progress, self.deferred.len() as u64, "ranks"))
+                .flatten();
+            // One file: its own bar, by bytes. Several: one bar over the ranks.
+            let one_file_bar = self.options.load.show_progress && self.deferred.len() == 1;
+            let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(self.deferred.len());
+            std::thread::scope(|s| {
+                for _ in 0..workers {
+                    s.spawn(|| loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((seq, path)) = self.deferred.get(i) else { break };
+                        let result = ingest::load_deferred(path, joiner, one_file_bar)
+                            .and_then(|tl| self.analyse_timeline(&tl).map(&each));
+                        done.lock().expect("no worker panics holding it").push((*seq, result));
+                        if let Some(bar) = &bar {
+                            bar.inc(1);
+                        }
+                    });
+                }
+            });
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
+            out.extend(done.into_inner().expect("no worker panicked"));
+        }
+        out.sort_by_key(|(seq, _)| *seq);
+        out.into_iter().map(|(_, r)| r).collect()
     }
 
     /// The first analysed timeline (a job of one snapshot has one).

@@ -250,6 +250,7 @@ impl InputArgs {
                     max_unpacked_bytes: self.max_unpacked,
                     max_ratio: self.max_ratio,
                 },
+                defer_snapshot_files: false,
             },
             analysis: Options { at: self.at.clone(), top, device: self.device, gpu_memory: self.gpu_memory },
             rules_dir: self.rules.clone(),

@@ -49,13 +49,25 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
         Color::Never => false,
         Color::Auto => to_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
     };
-    let job = Job::read(&args.input.job_options(args.top))?;
-    let analysed = job.analyse().collect::<Result<Vec<_>, _>>()?;
-    let worst = analysed.iter().flat_map(|a| &a.analysis.findings).map(|f| f.severity).max();
-    let over = over_threshold(&analysed, args.max_peak, args.max_reserved);
-    let failed = report_failed(&job);
-    if !analysed.is_empty() || !job.reported.is_empty() {
-        write_out(args.output.as_ref(), &report::render_job(args.format, analysed, &job.reported, color))?;
+    let mut options = args.input.job_options(args.top);
+    options.load.defer_snapshot_files = true;
+    let job = Job::read(&options)?;
+    let mut failed = report_failed(&job);
+    let format = args.format;
+    let mut ranks = Vec::new();
+    for rank in job.each_rank(|analysed| report::RankOutput::of(format, analysed, color)) {
+        match rank {
+            Ok(r) => ranks.push(r),
+            Err(e) => {
+                eprintln!("oomdoc: error: {e}");
+                failed = true;
+            }
+        }
+    }
+    let worst = ranks.iter().filter_map(|r| r.worst).max();
+    let over = over_threshold(&ranks, args.max_peak, args.max_reserved);
+    if !ranks.is_empty() || !job.reported.is_empty() {
+        write_parts(args.output.as_ref(), report::render_job(args.format, ranks, &job.reported, color))?;
     }
     // Freeing millions of small records takes longer than the process exit that reclaims them anyway.
     std::mem::forget(job);
@@ -71,25 +83,17 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
     })
 }
 
-/// The first GPU whose peak is over `--max-peak` or `--max-reserved`, in one line; the highest over, if several.
-fn over_threshold(
-    analysed: &[oomdoc::job::Analysed],
-    max_peak: Option<u64>,
-    max_reserved: Option<u64>,
-) -> Option<String> {
+/// The GPU whose peak is most over `--max-peak` (else `--max-reserved`), in one line.
+fn over_threshold(ranks: &[report::RankOutput], max_peak: Option<u64>, max_reserved: Option<u64>) -> Option<String> {
     let gpus = || {
-        analysed.iter().flat_map(|a| {
-            let file = a.analysis.inputs.first().map_or(String::new(), |i| i.path.clone());
-            a.analysis.devices.iter().map(move |d| {
-                let (alloc, res) = d
-                    .peak
-                    .as_ref()
-                    .map_or((d.allocated_bytes, d.reserved_bytes), |p| (p.allocated_bytes, p.reserved_bytes));
-                (file.clone(), d.device, alloc.max(d.allocated_bytes), res.max(d.reserved_bytes))
-            })
+        ranks.iter().flat_map(|r| {
+            r.summary
+                .devices
+                .iter()
+                .map(|d| (&r.summary.input, d.device, d.peak_allocated_bytes, d.peak_reserved_bytes))
         })
     };
-    let say = |what: &str, flag: &str, limit: u64, (file, dev, bytes): (String, i64, u64)| {
+    let say = |what: &str, flag: &str, limit: u64, (file, dev, bytes): (&String, i64, u64)| {
         let b = oomdoc::units::bytes;
         format!("GPU {dev} ({file}) peaked at {} {what}, over {flag} {} by {}", b(bytes), b(limit), b(bytes - limit))
     };
@@ -174,14 +178,21 @@ fn facts(args: FactsArgs) -> Result<ExitCode, Error> {
 }
 
 pub fn write_out(path: Option<&PathBuf>, text: &str) -> Result<(), Error> {
-    match path {
-        Some(p) => std::fs::write(p, text).map_err(|source| Error::Io { path: p.display().to_string(), source }),
-        None => {
-            let mut stdout = std::io::stdout().lock();
-            stdout
-                .write_all(text.as_bytes())
-                .and_then(|_| stdout.flush())
-                .map_err(|source| Error::Io { path: "<stdout>".into(), source })
+    write_parts(path, [text])
+}
+
+/// Writes a report that comes in parts (a job's JSON: each rank's share as it was written), one after the other.
+fn write_parts<S: AsRef<str>>(path: Option<&PathBuf>, parts: impl IntoIterator<Item = S>) -> Result<(), Error> {
+    let (mut out, shown): (Box<dyn Write>, String) = match path {
+        Some(p) => {
+            let f = std::fs::File::create(p).map_err(|source| Error::Io { path: p.display().to_string(), source })?;
+            (Box::new(std::io::BufWriter::new(f)), p.display().to_string())
         }
+        None => (Box::new(std::io::stdout().lock()), "<stdout>".into()),
+    };
+    let io = |source| Error::Io { path: shown.clone(), source };
+    for part in parts {
+        out.write_all(part.as_ref().as_bytes()).map_err(io)?;
     }
+    out.flush().map_err(io)
 }

@@ -89,17 +89,37 @@ pub struct LoadOptions {
     pub clock: ClockOptions,
     /// How much an archive or compressed input may unpack to.
     pub limits: unpack::Limits,
+    /// Snapshots that are plain files are only recognised, not read: the job reads them later, several at a time,
+    /// and lets each go once analysed (a job of many ranks in bounded memory). See [`Loaded::deferred`].
+    pub defer_snapshot_files: bool,
 }
 
 /// What a job's readers collect: a timeline per snapshot, and what the other artifacts said.
 #[derive(Default)]
 pub struct Collected {
     snapshots: Vec<Timeline>,
+    /// Each snapshot's place among the job's snapshots, read or deferred.
+    snapshot_seq: Vec<usize>,
+    /// Plain snapshot files left to read, with their place (`LoadOptions::defer_snapshot_files`).
+    deferred: Vec<(usize, std::path::PathBuf)>,
+    seq: usize,
     /// Ranks analysed elsewhere (oomdoc's own JSON reports).
     reported: Vec<crate::timeline::reported::ReportedRank>,
     text: TextArtifacts,
     /// Members of an archive or files of a folder that could not be read (the others still are).
     failed: Vec<Error>,
+}
+
+impl Collected {
+    pub(crate) fn push_snapshot(&mut self, tl: Timeline) {
+        self.snapshot_seq.push(self.seq);
+        self.seq += 1;
+        self.snapshots.push(tl);
+    }
+    pub(crate) fn defer_snapshot(&mut self, path: &Path) {
+        self.deferred.push((self.seq, path.to_path_buf()));
+        self.seq += 1;
+    }
 }
 
 /// Everything the text artifacts of a job said, before it is joined with a snapshot's timeline.
@@ -153,26 +173,53 @@ pub fn load_job(paths: &[std::path::PathBuf], opts: &LoadOptions) -> Loaded {
         }
         failed.append(&mut job.failed);
     }
-    let Collected { mut snapshots, mut text, reported, .. } = job;
+    let Collected { mut snapshots, mut snapshot_seq, mut text, reported, deferred, .. } = job;
     if let Err(e) = reader::finish_nsys_files(opts, &mut text) {
         failed.push(e);
     }
-    if snapshots.is_empty() {
+    if snapshots.is_empty() && deferred.is_empty() {
         snapshots.push(Timeline::default());
+        snapshot_seq.push(0);
     }
+    let joiner = Joiner { text, clock: opts.clock.clone() };
     for tl in &mut snapshots {
-        text.join(tl);
-        clock::align(tl, &opts.clock);
+        joiner.prepare(tl);
     }
-    Loaded { timelines: snapshots, reported, failed }
+    Loaded { timelines: snapshots, timeline_seq: snapshot_seq, deferred, joiner, reported, failed }
 }
 
-/// A job's inputs, read: one timeline per snapshot (or one for text artifacts alone), the ranks analysed
-/// elsewhere, and the inputs that could not be read.
+/// A job's inputs, read: one timeline per snapshot (or one for text artifacts alone), the snapshot files left to
+/// read, the ranks analysed elsewhere, and the inputs that could not be read.
 pub struct Loaded {
     pub timelines: Vec<Timeline>,
+    /// Each timeline's place among the job's snapshots.
+    pub timeline_seq: Vec<usize>,
+    /// Snapshot files to read with [`load_deferred`], with their place.
+    pub deferred: Vec<(usize, std::path::PathBuf)>,
+    /// What joins the text artifacts to a snapshot read later.
+    pub joiner: Joiner,
     pub reported: Vec<crate::timeline::reported::ReportedRank>,
     pub failed: Vec<Error>,
+}
+
+/// The text artifacts of a job and how to put them on a snapshot's clock: applied to each snapshot's timeline.
+pub struct Joiner {
+    text: TextArtifacts,
+    clock: ClockOptions,
+}
+
+impl Joiner {
+    fn prepare(&self, tl: &mut Timeline) {
+        self.text.join(tl);
+        clock::align(tl, &self.clock);
+    }
+}
+
+/// Reads a snapshot file the job deferred, joined with the job's text artifacts.
+pub fn load_deferred(path: &Path, joiner: &Joiner, show_progress: bool) -> Result<Timeline, Error> {
+    let mut tl = load(path, show_progress)?;
+    joiner.prepare(&mut tl);
+    Ok(tl)
 }
 
 /// Keeps the first few malformed lines and the count; with `--strict` the first one is an error.
@@ -237,6 +284,20 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
 }
 
 /// A progress bar over `len` bytes of `name`, when asked for, on a terminal, and the input is big enough to wait.
+/// A progress bar over `len` items (a job's ranks), on a terminal.
+pub fn count_bar(show: bool, len: u64, what: &str) -> Option<indicatif::ProgressBar> {
+    (show && std::io::stderr().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new(len);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({eta})")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_message(format!("analysing {what}"));
+        bar
+    })
+}
+
 fn progress_bar(show: bool, len: u64, name: &str) -> Option<indicatif::ProgressBar> {
     (show && len >= PROGRESS_MIN_BYTES && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new(len);

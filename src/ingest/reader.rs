@@ -258,10 +258,14 @@ impl Reader for SnapshotReader {
     }
     fn read(&self, input: Input, opts: &LoadOptions, job: &mut Collected) -> Result<(), Error> {
         let tl = match input.file {
+            Some(path) if opts.defer_snapshot_files => {
+                job.defer_snapshot(path);
+                return Ok(());
+            }
             Some(path) => super::load(path, opts.show_progress)?,
             None => super::load_stream(input, opts.show_progress)?,
         };
-        job.snapshots.push(tl);
+        job.push_snapshot(tl);
         Ok(())
     }
 }

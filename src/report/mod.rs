@@ -39,23 +39,119 @@ pub fn render(format: Format, analysis: &Analysis, tl: &Timeline, color: bool) -
     }
 }
 
+/// One rank of a job, analysed and reduced to what the job's report needs: its summary for the job view, its
+/// findings' worst severity and its peaks for the exit code, and its own report (rendered while its timeline was
+/// at hand, or its analysis for JSON). The timeline itself is not kept.
+pub struct RankOutput {
+    pub summary: crate::timeline::reported::ReportedRank,
+    pub worst: Option<crate::analysis::Severity>,
+    body: Body,
+}
+
+enum Body {
+    Rendered(String),
+    Json(JsonParts),
+}
+
+/// A rank's share of the job's JSON document, already written: its inputs, devices and findings as array elements
+/// (pretty, at the depth they take in the document), and the rest of its analysis without them (the first rank's
+/// is the document's frame). Text is smaller than the structures it came from: a thousand ranks keep their output,
+/// not their analyses.
+struct JsonParts {
+    frame: Box<Analysis>,
+    inputs: Vec<String>,
+    devices: Vec<String>,
+    findings: Vec<String>,
+}
+
+/// Array elements of the document's top level, as `to_string_pretty` writes them there (four spaces in).
+fn elements<T: serde::Serialize>(items: &[T]) -> Vec<String> {
+    items
+        .iter()
+        .map(|item| {
+            let text = serde_json::to_string_pretty(item).expect("serialises");
+            let mut indented = String::with_capacity(text.len() + text.len() / 8);
+            for (i, line) in text.split('\n').enumerate() {
+                if i > 0 {
+                    indented.push('\n');
+                }
+                indented.push_str("    ");
+                indented.push_str(line);
+            }
+            indented
+        })
+        .collect()
+}
+
+/// The document in parts: the frame cut at its empty top-level arrays (`"inputs": []` …), each filled with its
+/// elements. Parts, not one string: the elements are written as they are, never copied into one.
+fn spliced(frame: String, arrays: [(&str, Vec<String>); 3]) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut rest = frame;
+    for (key, items) in arrays {
+        let empty = format!("\n  \"{key}\": []");
+        let Some(at) = rest.find(&empty).filter(|_| !items.is_empty()) else { continue };
+        let tail = rest.split_off(at + empty.len());
+        rest.truncate(at);
+        parts.push(std::mem::take(&mut rest) + &format!("\n  \"{key}\": [\n"));
+        let n = items.len();
+        for (i, item) in items.into_iter().enumerate() {
+            parts.push(item);
+            if i + 1 < n {
+                parts.push(",\n".into());
+            }
+        }
+        rest = "\n  ]".to_string() + &tail;
+    }
+    parts.push(rest);
+    parts
+}
+
+impl RankOutput {
+    pub fn of(format: Format, analysed: Analysed, color: bool) -> RankOutput {
+        let summary = crate::analysis::job_view::summary(&analysed.analysis);
+        let worst = analysed.analysis.findings.iter().map(|f| f.severity).max();
+        let body = match format {
+            Format::Json => {
+                let mut a = analysed.analysis;
+                let parts = JsonParts {
+                    inputs: elements(&std::mem::take(&mut a.inputs)),
+                    devices: elements(&std::mem::take(&mut a.devices)),
+                    findings: elements(&std::mem::take(&mut a.findings)),
+                    frame: Box::new(Analysis { job_facts: Default::default(), kernel_facts: Vec::new(), ..a }),
+                };
+                Body::Json(parts)
+            }
+            _ => Body::Rendered(render(format, &analysed.analysis, analysed.timeline, color)),
+        };
+        RankOutput { summary, worst, body }
+    }
+}
+
 /// Renders a whole job. One snapshot: its report. Several ranks (snapshots analysed here, or ranks `reported` by
 /// oomdoc's own JSON reports): the job view first (ranks, first OOM, outliers, findings across ranks); then in text
 /// and Markdown the full reports of the analysed ranks that matter ([`job_view::detailed`]), in JSON one document
 /// whose inputs, devices and findings are every analysed rank's, with the view as `job`.
 pub fn render_job(
     format: Format,
-    analysed: Vec<Analysed>,
+    ranks: Vec<RankOutput>,
     reported: &[crate::timeline::reported::ReportedRank],
     color: bool,
-) -> String {
-    let analysed_count = analysed.len();
-    let mut ranks: Vec<_> = analysed.iter().map(|a| crate::analysis::job_view::summary(&a.analysis)).collect();
-    ranks.extend(reported.iter().cloned());
-    let view = crate::analysis::job_view::of(&ranks);
+) -> Vec<String> {
+    let analysed_count = ranks.len();
+    let mut summaries: Vec<_> = ranks.iter().map(|r| r.summary.clone()).collect();
+    summaries.extend(reported.iter().cloned());
+    let view = crate::analysis::job_view::of(&summaries);
     if format == Format::Json {
-        let mut all = analysed.into_iter();
-        let Some(first) = all.next() else {
+        let (mut frame, mut inputs, mut devices, mut findings) = (None, Vec::new(), Vec::new(), Vec::new());
+        for r in ranks {
+            let Body::Json(p) = r.body else { continue };
+            frame.get_or_insert(p.frame);
+            inputs.extend(p.inputs);
+            devices.extend(p.devices);
+            findings.extend(p.findings);
+        }
+        let Some(mut frame) = frame else {
             // Reports only: the view is the whole document.
             let doc = serde_json::json!({
                 "schema_version": crate::analysis::SCHEMA_VERSION,
@@ -66,16 +162,11 @@ pub fn render_job(
                 "findings": [],
                 "job": view,
             });
-            return serde_json::to_string_pretty(&doc).expect("json") + "\n";
+            return vec![serde_json::to_string_pretty(&doc).expect("json") + "\n"];
         };
-        let mut combined = first.analysis;
-        for a in all {
-            combined.inputs.extend(a.analysis.inputs);
-            combined.devices.extend(a.analysis.devices);
-            combined.findings.extend(a.analysis.findings);
-        }
-        combined.job = view;
-        return render(format, &combined, first.timeline, color);
+        frame.job = view;
+        let doc = serde_json::to_string_pretty(&frame).expect("analysis serialises") + "\n";
+        return spliced(doc, [("inputs", inputs), ("devices", devices), ("findings", findings)]);
     }
     let mut out = String::new();
     let keep = view.as_ref().map(job_view::detailed);
@@ -87,16 +178,17 @@ pub fn render_job(
             }
         });
     }
-    for (i, a) in analysed.iter().enumerate() {
+    for (i, r) in ranks.into_iter().enumerate() {
         if keep.as_ref().is_some_and(|k| !k.contains(&i)) {
             continue;
         }
+        let Body::Rendered(text) = r.body else { continue };
         if !out.is_empty() {
             out.push('\n');
         }
-        out.push_str(&render(format, &a.analysis, a.timeline, color));
+        out.push_str(&text);
     }
-    out
+    vec![out]
 }
 
 /// "default" for the legacy default stream, else the raw stream handle in hex.

@@ -169,3 +169,35 @@ fn map_reduce_per_rank_json_reports_give_the_same_job_view_as_the_snapshots() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("give the per-rank reports"));
 }
+
+#[test]
+fn many_ranks_are_read_on_every_core_in_order_and_a_broken_one_is_one_line() {
+    // 40 ranks read by the parallel path, one of them truncated: the others are reported in rank order.
+    let ranks = Ranks::new("many", &[]);
+    let good = crate::common::root().join("fixtures/real-gpu/healthy/snapshot.pickle");
+    let bytes = std::fs::read(&good).unwrap();
+    let mut names = Vec::new();
+    for r in (0..40).rev() {
+        let name = format!("rank{r}.pickle");
+        if r == 17 {
+            std::fs::write(ranks.0.join(&name), &bytes[..bytes.len() / 2]).unwrap();
+        } else {
+            std::os::unix::fs::symlink(&good, ranks.0.join(&name)).unwrap();
+        }
+        names.push(name);
+    }
+    let args: Vec<&str> = ["--format", "json"].into_iter().chain(names.iter().map(String::as_str)).collect();
+    let o = analyze_in(&ranks.0, &args);
+    assert_eq!(o.status.code(), Some(2), "a rank could not be read");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("rank17.pickle"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let got: Vec<u64> = v["job"]["ranks"].as_array().unwrap().iter().map(|r| r["rank"].as_u64().unwrap()).collect();
+    let want: Vec<u64> = (0..40).filter(|&r| r != 17).collect();
+    assert_eq!(got, want);
+    // The devices are in the order the files were given (39 first), whichever core read them.
+    let inputs: Vec<&str> = v["inputs"].as_array().unwrap().iter().map(|i| i["path"].as_str().unwrap()).collect();
+    assert_eq!(inputs.first(), Some(&"rank39.pickle"));
+    assert_eq!(inputs.last(), Some(&"rank0.pickle"));
+}
