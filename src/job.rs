@@ -220,7 +220,8 @@ impl Job {
         self.analyse().next().unwrap_or_else(|| Err(Error::Usage("nothing was read".into())))
     }
 
-    fn analyse_timeline<'t>(&'t self, tl: &'t Timeline) -> Result<Analysed<'t>, Error> {
+    /// Analyses one of the job's timelines (the TUI opens ranks one at a time).
+    pub fn analyse_timeline<'t>(&'t self, tl: &'t Timeline) -> Result<Analysed<'t>, Error> {
         let t1 = Instant::now();
         let shown = tl.inputs.first().map_or(String::new(), |i| i.path.clone());
         let (mut analysis, replays) = analysis::analyze_keeping(

@@ -151,20 +151,42 @@ fn tui(args: TuiArgs) -> Result<ExitCode, Error> {
     if report_failed(&job) {
         return Ok(ExitCode::from(2));
     }
-    let snapshots = job.timelines.iter().filter(|tl| tl.inputs.iter().any(|i| i.kind == "pytorch_snapshot")).count();
-    if snapshots > 1 {
-        return Err(Error::Usage(format!(
-            "oomdoc tui opens one snapshot at a time (with any logs, nvidia-smi or Nsight exports beside it), and \
-             these inputs hold {snapshots}; run it once per snapshot"
-        )));
+    // One timeline per snapshot (or one for text artifacts alone). Several snapshots are the job's ranks, opened one
+    // at a time: the first to run out of memory first.
+    let mut ranks: Vec<&oomdoc::timeline::Timeline> = job.timelines.iter().filter(|tl| !tl.inputs.is_empty()).collect();
+    let name = |tl: &oomdoc::timeline::Timeline| tl.inputs.first().map_or(String::new(), |i| i.path.clone());
+    let rank_of = |tl: &&oomdoc::timeline::Timeline| oomdoc::analysis::job_view::rank_from_name(&name(tl));
+    let named = ranks.iter().all(|tl| rank_of(tl).is_some());
+    if named {
+        ranks.sort_by_key(rank_of);
     }
-    for analysed in job.analyse() {
-        let analysed = analysed?;
+    let numbers: Vec<Option<u32>> = ranks.iter().map(rank_of).collect();
+    let labels: Vec<String> = ranks
+        .iter()
+        .enumerate()
+        .map(|(i, tl)| {
+            let file = name(tl);
+            let short = file.rsplit(['/', '!']).next().unwrap_or(&file).to_string();
+            format!("rank {} ({short})", if named { numbers[i].unwrap_or(0) as usize } else { i })
+        })
+        .collect();
+    let oom_time = |tl: &oomdoc::timeline::Timeline| {
+        tl.devices
+            .iter()
+            .flat_map(|d| d.events.iter().filter(|e| e.action == oomdoc::timeline::Action::Oom))
+            .map(|e| e.time_us().unwrap_or(i64::MAX))
+            .min()
+    };
+    let first = ranks.iter().enumerate().filter_map(|(i, tl)| Some((oom_time(tl)?, i))).min().map_or(0, |(_, i)| i);
+    oomdoc::tui::run_ranks(first, |i| -> Result<oomdoc::tui::App, Error> {
+        let analysed = job.analyse_timeline(ranks[i])?;
         let path =
             analysed.analysis.inputs.first().map_or(String::new(), |i| format!("{} ({})", i.path, i.format_version));
         let mut app = oomdoc::tui::App::new(analysed, &job.checklist.categories, path);
-        oomdoc::tui::run(&mut app).map_err(|source| Error::Io { path: "<terminal>".into(), source })?;
-    }
+        app.ranks = oomdoc::tui::app::Ranks { labels: labels.clone(), open: i, switch_to: None };
+        Ok(app)
+    })
+    .map_err(|source| Error::Io { path: "<terminal>".into(), source })??;
     Ok(ExitCode::SUCCESS)
 }
 

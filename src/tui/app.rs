@@ -39,7 +39,18 @@ pub enum Action {
     FilterDone,
     FilterCancel,
     NextDevice,
+    /// Another rank of the job (+1 next, -1 previous): the app ends and the caller opens that rank.
+    SwitchRank(i64),
     ToggleHelp,
+}
+
+/// The job's ranks when several snapshots were given: their labels and which one is open.
+#[derive(Clone, Debug, Default)]
+pub struct Ranks {
+    pub labels: Vec<String>,
+    pub open: usize,
+    /// The rank the user asked for: set by [`Action::SwitchRank`], read by the caller once the app ends.
+    pub switch_to: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +114,8 @@ pub struct App<'t> {
     /// The stack of the selected row is open in the detail pane.
     pub detail: bool,
     pub quit: bool,
+    /// The job's ranks (empty labels: one snapshot).
+    pub ranks: Ranks,
     /// Rows of the live table for the cursor, filter, grouping and sort.
     pub rows: Vec<Row>,
     culprits: FxHashMap<StackId, String>,
@@ -152,6 +165,7 @@ impl<'t> App<'t> {
             help: false,
             detail: false,
             quit: false,
+            ranks: Ranks::default(),
             rows: Vec::new(),
             culprits: FxHashMap::default(),
             cats: CategoryCache::new(cats, tl),
@@ -390,6 +404,13 @@ impl<'t> App<'t> {
             Action::NextDevice => {
                 if self.devices.len() > 1 {
                     self.open_device((self.dev + 1) % self.devices.len());
+                }
+            }
+            Action::SwitchRank(by) => {
+                let n = self.ranks.labels.len() as i64;
+                if n > 1 {
+                    self.ranks.switch_to = Some((self.ranks.open as i64 + by).rem_euclid(n) as usize);
+                    self.quit = true;
                 }
             }
             Action::ToggleHelp => self.help = !self.help,

@@ -109,6 +109,13 @@ pub fn bindings() -> Vec<Binding> {
             (8, "/ filter")
         ),
         bind!("d", "next GPU", |k| k.code == KeyCode::Char('d'), Action::NextDevice),
+        bind!(
+            "r R",
+            "next / previous rank (several snapshots)",
+            |k| k.code == KeyCode::Char('r'),
+            Action::SwitchRank(1)
+        ),
+        bind!("", "", |k| k.code == KeyCode::Char('R'), Action::SwitchRank(-1)),
         bind!("?", "this help", |k| k.code == KeyCode::Char('?'), Action::ToggleHelp, (11, "? help")),
         bind!(
             "q Esc",

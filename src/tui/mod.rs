@@ -23,6 +23,28 @@ pub fn run(app: &mut App) -> io::Result<()> {
     result
 }
 
+/// Several ranks, one at a time on one terminal: `open(i)` makes the app for rank `i` (analysing it then), and
+/// `r` / `R` in the app end it with the rank to open next.
+pub fn run_ranks<'j, E>(first: usize, mut open: impl FnMut(usize) -> Result<App<'j>, E>) -> io::Result<Result<(), E>> {
+    let mut terminal = ratatui::init();
+    let mut current = first;
+    let result = loop {
+        let mut app = match open(current) {
+            Ok(app) => app,
+            Err(e) => break Ok(Err(e)),
+        };
+        if let Err(e) = event_loop(&mut terminal, &mut app) {
+            break Err(e);
+        }
+        match app.ranks.switch_to {
+            Some(next) => current = next,
+            None => break Ok(Ok(())),
+        }
+    };
+    ratatui::restore();
+    result
+}
+
 fn event_loop(terminal: &mut ratatui::DefaultTerminal, app: &mut App) -> io::Result<()> {
     let table = keys::bindings();
     loop {

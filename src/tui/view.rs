@@ -69,6 +69,11 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
             .bold(),
         );
     }
+    if app.ranks.labels.len() > 1 {
+        let r = &app.ranks;
+        first.push(Span::from(format!("   {}", r.labels[r.open])).bold());
+        first.push(Span::from(format!(" ({} of {}, r: next)", r.open + 1, r.labels.len())));
+    }
     if let Some(d) = app.device() {
         first.push(Span::from(format!("   GPU {}", d.device)).bold());
         if app.devices.len() > 1 {

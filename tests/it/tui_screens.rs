@@ -186,3 +186,31 @@ fn profile_panel_beside_a_snapshot() {
     let app = open(&job, "x");
     assert_eq!(app.panels(), [Panel::Live, Panel::Segments, Panel::Findings]);
 }
+
+#[test]
+fn several_ranks_one_at_a_time_r_switches() {
+    // Two ranks: the header names the open one; r asks for the next (the caller opens it), R for the previous.
+    let job =
+        load(&["fixtures/real-gpu/healthy/snapshot.pickle", "fixtures/real-gpu/leaked-references/snapshot.pickle"]);
+    assert_eq!(job.timelines.len(), 2);
+    let analysed = job.analyse_timeline(&job.timelines[1]).unwrap();
+    let mut app = App::new(analysed, &job.checklist.categories, "leaked-references/snapshot.pickle".into());
+    app.ranks = oomdoc::tui::app::Ranks {
+        labels: vec!["rank 0 (snapshot.pickle)".into(), "rank 1 (snapshot.pickle)".into()],
+        open: 1,
+        switch_to: None,
+    };
+    let s = screen(&app, 140, 30);
+    assert!(s.lines().next().unwrap().contains("rank 1 (snapshot.pickle) (2 of 2, r: next)"), "{s}");
+    app.update(Action::SwitchRank(1));
+    assert_eq!((app.ranks.switch_to, app.quit), (Some(0), true), "wraps to the first rank");
+    app.quit = false;
+    app.update(Action::SwitchRank(-1));
+    assert_eq!(app.ranks.switch_to, Some(0));
+    // One snapshot: r does nothing.
+    let job = load(&["fixtures/real-gpu/healthy/snapshot.pickle"]);
+    let mut one = open(&job, "healthy");
+    one.update(Action::SwitchRank(1));
+    assert_eq!((one.ranks.switch_to, one.quit), (None, false));
+    assert!(!screen(&one, 140, 30).contains("r: next"));
+}
