@@ -1,12 +1,12 @@
-//! Two runs of a program compared: did the change make memory worse, and where? Built from the two analyses
-//! alone: the peak and the moment each report describes, bytes by category and by allocating stack, fragmentation,
-//! findings resolved and new, allocator settings changed.
+//! Two runs of a program compared: did the change make memory worse, and where? Built from the two reports alone,
+//! in their JSON form (schema_version 1) — an analysis made here, or a report written earlier and kept, e.g. the
+//! main branch's in CI: the peak and the moment each describes, bytes by category and by allocating stack,
+//! fragmentation, findings resolved and new, allocator settings changed.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-
-use super::{Analysis, DeviceReport};
+use serde_json::Value;
 
 /// Stacks listed: the largest changes.
 const STACKS_SHOWN: usize = 10;
@@ -64,92 +64,105 @@ fn delta(what: String, kind: &'static str, before: u64, after: u64) -> Delta {
     Delta { what, kind, before_bytes: before, after_bytes: after, change: change(before, after) }
 }
 
-fn peaks(d: &DeviceReport) -> (u64, u64) {
-    let (a, r) =
-        d.peak.as_ref().map_or((d.allocated_bytes, d.reserved_bytes), |p| (p.allocated_bytes, p.reserved_bytes));
-    (a.max(d.allocated_bytes), r.max(d.reserved_bytes))
+fn u(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
 }
 
-fn side(a: &Analysis) -> Side {
-    let top = a.devices.iter().max_by_key(|d| peaks(d).0);
+fn devices(report: &Value) -> &[Value] {
+    report.get("devices").and_then(Value::as_array).map_or(&[], Vec::as_slice)
+}
+
+fn peaks(d: &Value) -> (u64, u64) {
+    let p = d.get("peak").filter(|p| !p.is_null());
+    let (a, r) = p.map_or((0, 0), |p| (u(p, "allocated_bytes"), u(p, "reserved_bytes")));
+    (a.max(u(d, "allocated_bytes")), r.max(u(d, "reserved_bytes")))
+}
+
+/// The moment as the reports' text says it: "the OOM (event 120, 1.6 ms into the trace)".
+fn moment(d: &Value) -> String {
+    let words = match d.get("moment").and_then(Value::as_str) {
+        Some("oom") => "OOM",
+        Some("peak") => "peak",
+        Some("end") => "end of the capture",
+        _ => "requested moment",
+    };
+    let event = d.get("event_index").and_then(Value::as_u64);
+    let t = d.get("time_us").and_then(Value::as_i64);
+    let t0 = d.get("trace").and_then(|t| t.get("first_time_us")).and_then(Value::as_i64);
+    let at = match (event, t.zip(t0)) {
+        (Some(e), Some((t, t0))) => format!(" (event {e}, {} into the trace)", crate::units::duration_us(t - t0)),
+        (Some(e), None) => format!(" (event {e})"),
+        (None, _) => String::new(),
+    };
+    format!("the {words}{at}")
+}
+
+fn side(report: &Value) -> Side {
+    let top = devices(report).iter().max_by_key(|d| peaks(d).0);
     let (peak_alloc, peak_res) = top.map_or((0, 0), peaks);
-    let input = a
-        .inputs
+    let inputs = report.get("inputs").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+    let input = inputs
         .iter()
-        .find(|i| i.kind == "pytorch_snapshot")
-        .or(a.inputs.first())
-        .map_or(String::new(), |i| i.path.clone());
+        .find(|i| i["kind"] == "pytorch_snapshot")
+        .or(inputs.first())
+        .and_then(|i| i["path"].as_str())
+        .unwrap_or("")
+        .to_string();
+    let oom_of = |d: &Value| d.get("oom").filter(|o| !o.is_null()).cloned();
     Side {
         input,
         peak_allocated_bytes: peak_alloc,
         peak_reserved_bytes: peak_res,
-        moment: top.map_or("nothing recorded".into(), |d| {
-            let at = match (d.event_index, d.time_us.zip(d.trace.first_time_us)) {
-                (Some(e), Some((t, t0))) => {
-                    format!(" (event {e}, {} into the trace)", crate::units::duration_us(t - t0))
-                }
-                (Some(e), None) => format!(" (event {e})"),
-                (None, _) => String::new(),
-            };
-            format!("the {}{at}", d.moment.words())
-        }),
-        oom: a.devices.iter().any(|d| d.oom.is_some()),
-        oom_requested_bytes: top.and_then(|d| d.oom.as_ref()).and_then(|o| o.requested_bytes),
+        moment: top.map_or("nothing recorded".into(), moment),
+        oom: devices(report).iter().any(|d| oom_of(d).is_some()),
+        oom_requested_bytes: top.and_then(oom_of).and_then(|o| o.get("requested_bytes").and_then(Value::as_u64)),
     }
 }
 
 /// The bytes of each allocating stack at the moment, by the lines that tell it apart.
-fn stacks(d: &DeviceReport) -> BTreeMap<String, u64> {
+fn stacks(d: &Value) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
-    for s in &d.by_stack {
-        let name = if s.callers.is_empty() { s.culprit.clone() } else { s.callers.clone() };
-        *m.entry(name).or_insert(0) += s.bytes;
+    for s in d.get("by_stack").and_then(Value::as_array).into_iter().flatten() {
+        let callers = s["callers"].as_str().unwrap_or("");
+        let name = if callers.is_empty() { s["culprit"].as_str().unwrap_or("?") } else { callers };
+        *m.entry(name.to_string()).or_insert(0) += u(s, "bytes");
     }
     m
 }
 
-pub fn of(before: &Analysis, after: &Analysis) -> Diff {
+fn categories(d: Option<&Value>) -> BTreeMap<String, u64> {
+    d.and_then(|d| d.get("by_category"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| (c["category"].as_str().unwrap_or("?").to_string(), u(c, "bytes")))
+        .collect()
+}
+
+/// Two reports in their JSON form (`serde_json::to_value` of an analysis, or a report read back).
+pub fn of(before: &Value, after: &Value) -> Diff {
     let (b, a) = (side(before), side(after));
     let mut deltas = vec![
         delta("peak allocated".into(), "peak", b.peak_allocated_bytes, a.peak_allocated_bytes),
         delta("peak reserved".into(), "peak", b.peak_reserved_bytes, a.peak_reserved_bytes),
     ];
-    let devices: std::collections::BTreeSet<i64> =
-        before.devices.iter().chain(&after.devices).map(|d| d.device).collect();
-    let several = devices.len() > 1;
-    for dev in devices {
+    let ids = |r: &Value| devices(r).iter().filter_map(|d| d["device"].as_i64()).collect::<Vec<_>>();
+    let all: std::collections::BTreeSet<i64> = ids(before).into_iter().chain(ids(after)).collect();
+    let several = all.len() > 1;
+    for dev in all {
         let gpu = if several { format!("GPU {dev}: ") } else { String::new() };
-        let (db, da) =
-            (before.devices.iter().find(|d| d.device == dev), after.devices.iter().find(|d| d.device == dev));
-        let get = |d: Option<&DeviceReport>, f: fn(&DeviceReport) -> u64| d.map_or(0, f);
-        deltas.push(delta(
-            format!("{gpu}allocated at the moment"),
-            "moment",
-            get(db, |d| d.allocated_bytes),
-            get(da, |d| d.allocated_bytes),
-        ));
-        deltas.push(delta(
-            format!("{gpu}reserved at the moment"),
-            "moment",
-            get(db, |d| d.reserved_bytes),
-            get(da, |d| d.reserved_bytes),
-        ));
-        deltas.push(delta(
-            format!("{gpu}cached free (reserved but not allocated)"),
-            "free",
-            get(db, |d| d.reserved_unallocated_bytes),
-            get(da, |d| d.reserved_unallocated_bytes),
-        ));
-        deltas.push(delta(
-            format!("{gpu}largest free block"),
-            "free",
-            get(db, |d| d.largest_free_block_bytes),
-            get(da, |d| d.largest_free_block_bytes),
-        ));
-        let cats = |d: Option<&DeviceReport>| -> BTreeMap<&'static str, u64> {
-            d.map_or_else(BTreeMap::new, |d| d.by_category.iter().map(|c| (c.category, c.bytes)).collect())
-        };
-        let (cb, ca) = (cats(db), cats(da));
+        let find = |r: &'_ Value| devices(r).iter().find(|d| d["device"].as_i64() == Some(dev)).cloned();
+        let (db, da) = (find(before), find(after));
+        let get = |d: &Option<Value>, k: &str| d.as_ref().map_or(0, |d| u(d, k));
+        for (what, kind, key) in [
+            ("allocated at the moment", "moment", "allocated_bytes"),
+            ("reserved at the moment", "moment", "reserved_bytes"),
+            ("cached free (reserved but not allocated)", "free", "reserved_unallocated_bytes"),
+            ("largest free block", "free", "largest_free_block_bytes"),
+        ] {
+            deltas.push(delta(format!("{gpu}{what}"), kind, get(&db, key), get(&da, key)));
+        }
+        let (cb, ca) = (categories(db.as_ref()), categories(da.as_ref()));
         let mut by_cat: Vec<Delta> = cb
             .keys()
             .chain(ca.keys())
@@ -159,7 +172,7 @@ pub fn of(before: &Analysis, after: &Analysis) -> Diff {
             .collect();
         by_cat.sort_by_key(|d| std::cmp::Reverse(d.after_bytes.abs_diff(d.before_bytes)));
         deltas.extend(by_cat);
-        let (sb, sa) = (db.map(stacks).unwrap_or_default(), da.map(stacks).unwrap_or_default());
+        let (sb, sa) = (db.as_ref().map(stacks).unwrap_or_default(), da.as_ref().map(stacks).unwrap_or_default());
         let mut by_stack: Vec<Delta> = sb
             .keys()
             .chain(sa.keys())
@@ -172,10 +185,23 @@ pub fn of(before: &Analysis, after: &Analysis) -> Diff {
         by_stack.truncate(STACKS_SHOWN);
         deltas.extend(by_stack);
     }
-    let rules = |a: &Analysis| a.findings.iter().map(|f| f.rule.clone()).collect::<std::collections::BTreeSet<_>>();
+    let rules = |r: &Value| {
+        r.get("findings")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f["rule"].as_str().map(str::to_string))
+            .collect::<std::collections::BTreeSet<_>>()
+    };
     let (rb, ra) = (rules(before), rules(after));
-    let settings = |a: &Analysis| -> BTreeMap<String, String> {
-        a.allocator_settings.as_ref().map_or_else(BTreeMap::new, |s| s.raw.iter().cloned().collect())
+    let settings = |r: &Value| -> BTreeMap<String, String> {
+        r.get("allocator_settings")
+            .and_then(|s| s.get("raw"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|kv| Some((kv.get(0)?.as_str()?.to_string(), kv.get(1)?.as_str()?.to_string())))
+            .collect()
     };
     let (xb, xa) = (settings(before), settings(after));
     let settings_changed = xb

@@ -71,7 +71,8 @@ pub enum Command {
     #[command(after_help = "Examples:\n  \
         oomdoc diff before.pickle after.pickle\n  \
         oomdoc diff main.pickle branch.pickle --fail-on-growth 5   # CI: exit 1 if the peak grew more than 5%\n  \
-        oomdoc diff before.pickle after.pickle --format markdown -o memory-diff.md")]
+        oomdoc diff before.pickle after.pickle --format markdown -o memory-diff.md\n  \
+        oomdoc diff main-report.json branch.pickle      # a report kept from the main branch's run")]
     Diff(DiffArgs),
     /// The memory budget before a run: every byte per GPU with its formula, a verdict, and what would fit.
     #[command(long_about = oomdoc::budget::args::BUDGET_HELP)]
@@ -89,7 +90,8 @@ pub struct BudgetCommand {
 
 #[derive(clap::Args)]
 pub struct DiffArgs {
-    /// The run before the change: a snapshot (plain, compressed, or the one snapshot of an archive or folder).
+    /// The run before the change: a snapshot (plain, compressed, or the one snapshot of an archive or folder), or an
+    /// oomdoc JSON report of one kept from earlier (written with --top 50 it compares as the snapshot does).
     #[arg(value_name = "BEFORE")]
     pub before: PathBuf,
     /// The run after the change.

@@ -111,7 +111,25 @@ fn over_threshold(ranks: &[report::RankOutput], max_peak: Option<u64>, max_reser
 }
 
 fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
-    let read = |path: &PathBuf| -> Result<oomdoc::analysis::Analysis, Error> {
+    // Each side: a snapshot (analysed here) or an oomdoc JSON report kept from an earlier run.
+    let read = |path: &PathBuf| -> Result<serde_json::Value, Error> {
+        let io = |source| Error::Io { path: path.display().to_string(), source };
+        let head = {
+            let mut f = std::fs::File::open(path).map_err(io)?;
+            let mut head = vec![0u8; 4096];
+            let n = std::io::Read::read(&mut f, &mut head).map_err(io)?;
+            head.truncate(n);
+            head
+        };
+        if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
+            let text = std::fs::read_to_string(path).map_err(io)?;
+            if oomdoc::ingest::oomdoc_report::sniff(&text) {
+                return serde_json::from_str(&text).map_err(|e| Error::Input {
+                    path: path.display().to_string(),
+                    source: oomdoc::ingest::ReadError::Unrecognised(format!("not valid JSON: {e}")),
+                });
+            }
+        }
         let mut options = oomdoc::job::JobOptions::new([path.clone()]);
         options.analysis.at = args.at.clone();
         options.analysis.top = 50;
@@ -127,7 +145,7 @@ fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
                 analysed.len()
             )));
         }
-        Ok(analysed.into_iter().next().expect("one").analysis)
+        Ok(serde_json::to_value(&analysed[0].analysis).expect("analysis serialises"))
     };
     let (before, after) = (read(&args.before)?, read(&args.after)?);
     let d = oomdoc::analysis::diff::of(&before, &after);

@@ -50,3 +50,24 @@ fn fail_on_growth_gates_ci_on_the_peak() {
     let o = oomdoc(&["diff", BEFORE, "nope.pickle"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn two_kept_json_reports_compare_as_their_snapshots_do() {
+    // CI keeps the main branch's report; a branch's run is compared to it. Reports written with --top 50 (the
+    // stacks diff compares) give the same comparison as the snapshots.
+    let dir = std::env::temp_dir().join(format!("oomdoc-diff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut reports = Vec::new();
+    for (name, snap) in [("before.json", BEFORE), ("after.json", AFTER)] {
+        let o = oomdoc(&["analyze", snap, "--format", "json", "--top", "50"]);
+        let p = dir.join(name);
+        std::fs::write(&p, &o.stdout).unwrap();
+        reports.push(p.to_str().unwrap().to_string());
+    }
+    let from_snapshots = stdout(&oomdoc(&["diff", BEFORE, AFTER, "--format", "json"]));
+    let from_reports = stdout(&oomdoc(&["diff", &reports[0], &reports[1], "--format", "json"]));
+    assert_eq!(from_reports, from_snapshots);
+    // A report on one side, a snapshot on the other.
+    assert_eq!(stdout(&oomdoc(&["diff", &reports[0], AFTER, "--format", "json"])), from_snapshots);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
