@@ -2,6 +2,7 @@
 //! what was live and who allocated it, free space vs the failed request, and what the capture did not record.
 
 pub mod categories;
+pub mod chart;
 pub mod diff;
 pub mod facts;
 pub mod iterations;
@@ -318,6 +319,9 @@ pub struct DeviceReport {
     #[serde(skip)]
     pub holder: Option<verdict::Holder>,
     pub notes: Vec<String>,
+    /// Allocated and reserved over the trace, reduced for a picture (the HTML report); not in the JSON.
+    #[serde(skip)]
+    pub chart: Option<chart::Chart>,
     /// Every fact the rules may test (`oomdoc facts`).
     #[serde(skip)]
     pub facts: facts::Facts,
@@ -724,6 +728,7 @@ fn device_report(
         verdict: None,
         holder: None,
         notes,
+        chart: chart::of(replay),
         facts: facts::Facts::default(),
     };
     report.observed = observed::summarize(dev, Some(replay), report.time_us);

@@ -206,6 +206,7 @@ pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
         verdict: None,
         holder: None,
         notes,
+        chart: None,
         facts: Facts::default(),
     };
     report.facts = text_only_facts(&report);

@@ -179,9 +179,9 @@ pub struct AnalyzeArgs {
     /// How many live allocations and stacks to list.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
-    /// Output format.
-    #[arg(long, short = 'f', value_enum, default_value_t = Format::Text)]
-    pub format: Format,
+    /// Output format [default: text, or what the -o file's name says: .html, .md, .json].
+    #[arg(long, short = 'f', value_enum)]
+    pub format: Option<Format>,
     /// Write the report to FILE instead of standard output.
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,

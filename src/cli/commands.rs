@@ -53,7 +53,10 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
     options.load.defer_snapshot_files = true;
     let job = Job::read(&options)?;
     let mut failed = report_failed(&job);
-    let format = args.format;
+    let format = args
+        .format
+        .or_else(|| args.output.as_deref().and_then(report::Format::from_file_name))
+        .unwrap_or(report::Format::Text);
     let mut ranks = Vec::new();
     for rank in job.each_rank(|analysed| report::RankOutput::of(format, analysed, color)) {
         match rank {
@@ -67,7 +70,7 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
     let worst = ranks.iter().filter_map(|r| r.worst).max();
     let over = over_threshold(&ranks, args.max_peak, args.max_reserved);
     if !ranks.is_empty() || !job.reported.is_empty() {
-        write_parts(args.output.as_ref(), report::render_job(args.format, ranks, &job.reported, color))?;
+        write_parts(args.output.as_ref(), report::render_job(format, ranks, &job.reported, color))?;
     }
     // Freeing millions of small records takes longer than the process exit that reclaims them anyway.
     std::mem::forget(job);

@@ -16,6 +16,11 @@ pub fn render(b: &Budget, format: Format) -> String {
         Format::Text => text(b),
         Format::Markdown => markdown(b),
         Format::Json => serde_json::to_string_pretty(b).expect("budget serialises") + "\n",
+        // The sheet is a table of figures: on a page, as it reads in a terminal.
+        Format::Html => super::html::document(
+            "oomdoc budget",
+            &format!("<h1>Memory budget</h1>\n<pre>{}</pre>\n", super::html::esc(&text(b))),
+        ),
     }
 }
 

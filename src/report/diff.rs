@@ -54,6 +54,10 @@ pub fn render(d: &Diff, format: Format) -> String {
         }
         Format::Markdown => markdown(d),
         Format::Text => text(d),
+        Format::Html => super::html::document(
+            "oomdoc diff",
+            &format!("<h1>GPU memory: before and after</h1>\n<pre>{}</pre>\n", super::html::esc(&text(d))),
+        ),
     }
 }
 

@@ -216,3 +216,57 @@ pub fn markdown(view: &JobView, analysed: usize, esc: impl Fn(&str) -> String) -
     let _ = writeln!(o, "\n{}\n", esc(&shown_in_full(view, analysed)));
     o
 }
+
+pub fn html(view: &JobView, analysed: usize) -> String {
+    let esc = super::html::esc;
+    let mut o = String::new();
+    let rank_count = view.ranks.iter().map(|r| r.rank).collect::<BTreeSet<_>>().len();
+    let _ = writeln!(o, "<section id=\"job\">\n<h1>Job: {rank_count} ranks</h1>");
+    match &view.first_oom {
+        Some(f) => {
+            let _ = writeln!(
+                o,
+                "<p class=\"summary\"><strong>First OOM</strong>: rank {}, GPU {} (<code>{}</code>)</p>",
+                f.rank,
+                f.device,
+                esc(&f.input)
+            );
+        }
+        None => {
+            let _ = writeln!(o, "<p class=\"summary\">No rank ran out of memory.</p>");
+        }
+    }
+    let _ = writeln!(
+        o,
+        "<table class=\"ranks\">\n<tr><th>rank</th><th>GPU</th><th>peak allocated</th><th>peak reserved</th><th>OOM</th><th>primary cause</th><th>held most by</th><th>file</th></tr>"
+    );
+    for r in &view.ranks {
+        let _ = writeln!(
+            o,
+            "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td></tr>",
+            r.rank,
+            r.device,
+            bytes(r.peak_allocated_bytes),
+            bytes(r.peak_reserved_bytes),
+            esc(&oom_cell(view, r)),
+            esc(r.primary_rule.as_deref().unwrap_or("—")),
+            esc(r.holder.as_deref().unwrap_or("—")),
+            esc(&r.input)
+        );
+    }
+    let _ = writeln!(o, "</table>\n<ul>");
+    for out in &view.outliers {
+        let _ = writeln!(
+            o,
+            "<li><strong>Stands out</strong>: rank {}, GPU {}: {}</li>",
+            out.rank,
+            out.device,
+            esc(&out.why)
+        );
+    }
+    for m in &view.findings {
+        let _ = writeln!(o, "<li><strong>Across ranks</strong>: {} {}</li>", m.severity.name(), esc(&merged_line(m)));
+    }
+    let _ = writeln!(o, "</ul>\n<p class=\"dim\">{}</p>\n</section>", esc(&shown_in_full(view, analysed)));
+    o
+}

@@ -3,6 +3,7 @@
 pub mod budget;
 pub mod diff;
 pub mod facts_table;
+pub mod html;
 pub mod job_view;
 pub(crate) mod markdown;
 pub mod rule_list;
@@ -24,6 +25,21 @@ pub enum Format {
     Markdown,
     /// The versioned machine contract (schema_version 1).
     Json,
+    /// One self-contained page (no network): the verdict, the timeline, live memory by stack.
+    Html,
+}
+
+impl Format {
+    /// The format an output file's name asks for (`report.html`, `incident.md`, `report.json`).
+    pub fn from_file_name(name: &std::path::Path) -> Option<Format> {
+        match name.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+            "html" | "htm" => Some(Format::Html),
+            "md" | "markdown" => Some(Format::Markdown),
+            "json" => Some(Format::Json),
+            "txt" => Some(Format::Text),
+            _ => None,
+        }
+    }
 }
 
 /// Renders `analysis` in `format`. `color` only affects text.
@@ -31,6 +47,7 @@ pub fn render(format: Format, analysis: &Analysis, tl: &Timeline, color: bool) -
     match format {
         Format::Text => text(analysis, tl, color),
         Format::Markdown => markdown(analysis, tl),
+        Format::Html => html::render(analysis, tl),
         Format::Json => {
             let mut s = serde_json::to_string_pretty(analysis).expect("analysis serialises");
             s.push('\n');
@@ -122,6 +139,7 @@ impl RankOutput {
                 };
                 Body::Json(parts)
             }
+            Format::Html => Body::Rendered(html::fragment(&analysed.analysis, analysed.timeline)),
             _ => Body::Rendered(render(format, &analysed.analysis, analysed.timeline, color)),
         };
         RankOutput { summary, worst, body }
@@ -170,9 +188,11 @@ pub fn render_job(
     }
     let mut out = String::new();
     let keep = view.as_ref().map(job_view::detailed);
+    let single = ranks.len() == 1 && view.is_none();
     if let Some(v) = &view {
         out.push_str(&match format {
             Format::Markdown => job_view::markdown(v, analysed_count, markdown::esc),
+            Format::Html => job_view::html(v, analysed_count),
             _ => {
                 job_view::text(v, analysed_count, |s| if color { format!("\x1b[1m{s}\x1b[0m") } else { s.to_string() })
             }
@@ -187,6 +207,10 @@ pub fn render_job(
             out.push('\n');
         }
         out.push_str(&text);
+    }
+    if format == Format::Html {
+        let title = if single { "oomdoc: GPU memory report" } else { "oomdoc: a job's GPU memory" };
+        out = html::document(title, &out);
     }
     vec![out]
 }

@@ -14,6 +14,7 @@ mod cli;
 mod diff;
 mod generated_fixtures;
 mod golden;
+mod html_report;
 mod job_view;
 mod layers;
 mod nsys_sqlite;

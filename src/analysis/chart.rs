@@ -1,0 +1,46 @@
+//! Allocated and reserved memory over a trace, reduced for a picture: at most [`BUCKETS`] runs of consecutive
+//! events, each with its lowest and highest allocated bytes and its highest reserved bytes. A million events draw
+//! as well as a thousand, and the page that shows them stays light.
+
+use crate::timeline::replay::Replay;
+
+/// Buckets in a chart: about one per pixel of a wide chart.
+pub const BUCKETS: usize = 1200;
+
+#[derive(Clone, Debug, Default)]
+pub struct Chart {
+    /// Events per bucket (the last may hold fewer).
+    pub per: usize,
+    pub events: usize,
+    pub alloc_min: Vec<u64>,
+    pub alloc_max: Vec<u64>,
+    pub reserved_max: Vec<u64>,
+}
+
+impl Chart {
+    /// The bucket event `i` falls in.
+    pub fn bucket_of(&self, i: u32) -> usize {
+        (i as usize / self.per.max(1)).min(self.alloc_max.len().saturating_sub(1))
+    }
+
+    pub fn top(&self) -> u64 {
+        self.alloc_max.iter().chain(&self.reserved_max).copied().max().unwrap_or(0)
+    }
+}
+
+/// The chart of a replayed trace (`None` without events).
+pub fn of(replay: &Replay) -> Option<Chart> {
+    let series = &replay.allocated_series;
+    if series.is_empty() {
+        return None;
+    }
+    let per = series.len().div_ceil(BUCKETS).max(1);
+    let (mut alloc_min, mut alloc_max) = (Vec::new(), Vec::new());
+    for chunk in series.chunks(per) {
+        alloc_min.push(chunk.iter().copied().min().unwrap_or(0));
+        alloc_max.push(chunk.iter().copied().max().unwrap_or(0));
+    }
+    let mut reserved_max = replay.reserved_series.chunk_max(per);
+    reserved_max.resize(alloc_max.len(), reserved_max.last().copied().unwrap_or(0));
+    Some(Chart { per, events: series.len(), alloc_min, alloc_max, reserved_max })
+}

@@ -1,0 +1,345 @@
+//! One self-contained HTML page: the verdict and findings first, then per GPU the timeline as an inline SVG
+//! (allocated and reserved, reduced to at most [`crate::analysis::chart::BUCKETS`] buckets in Rust), the state at
+//! the moment, live memory by allocating stack and the largest allocations with their stacks. No script, no
+//! external resource of any kind: it opens offline in any browser, and an incident ticket can carry it.
+//!
+//! Hand-written SVG rather than a chart library: a library would be hundreds of KB inside every report and a script
+//! to run; the picture needs a filled area, a line, markers and hover text, which SVG has natively (`<title>`).
+
+use std::fmt::Write;
+
+use super::sections::{self, Highlight};
+use super::{percent, stream_name, when};
+use crate::analysis::chart::Chart;
+use crate::analysis::{stacks::folded, Analysis, DeviceReport, Moment, ReportSource};
+use crate::timeline::Timeline;
+use crate::units::{bytes, duration_us};
+
+/// Escapes text for HTML content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = "\
+:root{--fg:#1d2430;--dim:#667085;--line:#d0d5dd;--bg:#fff;--alloc:#3b82f6;--res:#f59e0b;--err:#d92d20;--warn:#b54708;--info:#175cd3}\
+@media (prefers-color-scheme:dark){:root{--fg:#e4e7ec;--dim:#98a2b3;--line:#344054;--bg:#101828}}\
+body{font:15px/1.5 system-ui,-apple-system,'Segoe UI',sans-serif;color:var(--fg);background:var(--bg);max-width:1200px;margin:0 auto;padding:1.5rem}\
+h1{font-size:1.5rem;margin:0 0 .25rem}h2{font-size:1.2rem;margin:2rem 0 .5rem;border-bottom:1px solid var(--line)}h3{font-size:1rem;margin:1.25rem 0 .4rem}\
+.dim,.inputs{color:var(--dim)}.inputs{font-size:.85rem;margin:0}.summary{font-size:1.05rem}\
+code,pre,td.num,td.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.85rem}\
+table{border-collapse:collapse;width:100%}td,th{padding:.2rem .5rem;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}td.num{text-align:right;white-space:nowrap}\
+.finding{border-left:4px solid var(--line);padding:.25rem .75rem;margin:.75rem 0}.sev-error{border-color:var(--err)}.sev-warning{border-color:var(--warn)}.sev-info{border-color:var(--info)}\
+.sev{font-weight:600;text-transform:uppercase;font-size:.75rem}.sev-error .sev{color:var(--err)}.sev-warning .sev{color:var(--warn)}.sev-info .sev{color:var(--info)}\
+.fix{background:rgba(16,185,129,.08);padding:.4rem .6rem;border-radius:4px}.oom{color:var(--err);font-weight:600}\
+svg.timeline{width:100%;height:auto;border:1px solid var(--line);border-radius:4px}svg .alloc{fill:var(--alloc);fill-opacity:.35;stroke:var(--alloc);stroke-width:1}\
+svg .res{fill:none;stroke:var(--res);stroke-width:1.5}svg .hit{fill:transparent}svg .hit:hover{fill:rgba(127,127,127,.18)}svg text{fill:var(--dim);font-size:11px}\
+.legend span{margin-right:1rem}.sw{display:inline-block;width:.8rem;height:.8rem;margin-right:.3rem;vertical-align:middle}\
+details summary{cursor:pointer}pre{margin:.25rem 0;white-space:pre-wrap}footer{margin-top:3rem;color:var(--dim);font-size:.8rem}";
+
+/// The whole page around `body`.
+pub fn document(title: &str, body: &str) -> String {
+    format!(
+        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<meta name=\"viewport\" \
+         content=\"width=device-width, initial-scale=1\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n\
+         <body>\n{body}<footer>Made by oomdoc {} from the files named above; this page loads nothing from the \
+         network.</footer>\n</body>\n</html>\n",
+        esc(title),
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// A page for one analysis.
+pub fn render(a: &Analysis, tl: &Timeline) -> String {
+    let title = a.inputs.first().map_or("GPU memory report".to_string(), |i| format!("oomdoc: {}", i.path));
+    document(&title, &fragment(a, tl))
+}
+
+/// The body of one analysis's report (a job's page holds several).
+pub fn fragment(a: &Analysis, tl: &Timeline) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "<header>\n<h1>GPU memory report</h1>");
+    for i in &a.inputs {
+        let _ =
+            writeln!(o, "<p class=\"inputs\"><code>{}</code> — {}</p>", esc(&i.path), esc(&sections::input_line(i)));
+    }
+    if let Some(c) = &a.clock {
+        let _ = writeln!(o, "<p class=\"inputs\">Clock: {}</p>", esc(&c.description));
+    }
+    let _ = writeln!(o, "</header>");
+    if a.devices.is_empty() {
+        let _ = writeln!(o, "<p>No GPU memory in these files: no segments, no trace events, no OOM message.</p>");
+    }
+    if a.devices.iter().any(|d| d.verdict.is_some()) {
+        let _ = writeln!(o, "<section id=\"verdict\">\n<h2>Verdict</h2>");
+        for d in &a.devices {
+            let Some(v) = &d.verdict else { continue };
+            let _ = writeln!(o, "<p class=\"summary\"><strong>GPU {}</strong>: {}</p>", d.device, esc(&v.summary));
+            let detail = sections::verdict_detail(d);
+            if !detail.is_empty() {
+                let _ = writeln!(o, "<ul class=\"dim\">");
+                for line in detail {
+                    let _ = writeln!(o, "<li>{}</li>", esc(&line));
+                }
+                let _ = writeln!(o, "</ul>");
+            }
+        }
+        let _ = writeln!(o, "</section>");
+    }
+    if !a.findings.is_empty() {
+        let _ = writeln!(o, "<section id=\"findings\">\n<h2>Findings</h2>");
+        for f in &a.findings {
+            let sev = f.severity.name();
+            let gpu = f.device.map_or(String::new(), |d| format!("GPU {d}: "));
+            let explains = f.bytes.map_or(String::new(), |b| format!(" — explains {}", bytes(b)));
+            let _ = writeln!(
+                o,
+                "<article class=\"finding sev-{sev}\">\n<h3><span class=\"sev\">{sev}</span> {}{} <code>[{}]</code>{}</h3>",
+                esc(&gpu),
+                esc(&f.title),
+                esc(&f.rule),
+                esc(&explains)
+            );
+            let _ =
+                writeln!(o, "<p>{}</p>\n<p class=\"fix\"><strong>Fix:</strong> {}</p>", esc(&f.message), esc(&f.fix));
+            if let Some(ev) = f.evidence.as_object().filter(|e| !e.is_empty()) {
+                let _ = writeln!(o, "<details><summary>Evidence</summary>\n<table class=\"evidence\">");
+                for (k, v) in ev {
+                    let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                    let _ =
+                        writeln!(o, "<tr><td class=\"mono\">{}</td><td class=\"mono\">{}</td></tr>", esc(k), esc(&v));
+                }
+                let _ = writeln!(o, "</table></details>");
+            }
+            let _ = writeln!(o, "</article>");
+        }
+        let _ = writeln!(o, "</section>");
+    }
+    for d in &a.devices {
+        device(&mut o, d, tl);
+    }
+    o
+}
+
+fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
+    let moment = match d.moment {
+        Moment::Oom => "at the OOM",
+        Moment::Peak => "at peak allocated memory",
+        Moment::End => "at the end of the capture",
+        Moment::Time => "at the requested moment",
+    };
+    let place = if d.source == ReportSource::Text {
+        "no snapshot: from the logs and nvidia-smi".to_string()
+    } else if d.trace.entries == 0 {
+        "the file's final state".to_string()
+    } else {
+        when(d.event_index, d.time_us, d.trace.first_time_us)
+    };
+    let _ = writeln!(
+        o,
+        "<section class=\"device\" id=\"gpu-{}\">\n<h2>GPU {} {moment} <span class=\"dim\">({})</span></h2>",
+        d.device,
+        d.device,
+        esc(&place)
+    );
+    if let Some(chart) = &d.chart {
+        timeline(o, d, chart);
+    }
+    if let Some(oom) = &d.oom {
+        let _ = writeln!(o, "<div class=\"oom-block\">");
+        for (i, (hl, line)) in sections::oom_lines(oom).into_iter().enumerate() {
+            let line = match hl {
+                Highlight::Culprit(words) => format!("{words} <code>{}</code>", esc(&line)),
+                _ => esc(&line),
+            };
+            let label = if i == 0 { "<span class=\"oom\">OOM</span> " } else { "" };
+            let _ = writeln!(o, "<p>{label}{line}</p>");
+        }
+        let _ = writeln!(o, "</div>");
+    }
+    if let Some(obs) = &d.observed {
+        for line in sections::observed_lines(obs, d) {
+            let _ = writeln!(o, "<p>{}</p>", esc(&line));
+        }
+    }
+    if d.source != ReportSource::Text {
+        let _ = writeln!(o, "<table class=\"totals\">");
+        let rows = [
+            ("allocated", bytes(d.allocated_bytes)),
+            ("reserved", bytes(d.reserved_bytes)),
+            ("active", bytes(d.active_bytes)),
+            (
+                "cached free",
+                format!(
+                    "{} ({} of reserved)",
+                    bytes(d.reserved_unallocated_bytes),
+                    percent(d.reserved_unallocated_bytes, d.reserved_bytes)
+                ),
+            ),
+            ("largest free block", bytes(d.largest_free_block_bytes)),
+            ("segments, blocks", format!("{}, {}", d.segments, d.blocks)),
+        ];
+        for (k, v) in rows {
+            let _ = writeln!(o, "<tr><td>{k}</td><td class=\"num\">{}</td></tr>", esc(&v));
+        }
+        if let Some(p) = &d.peak {
+            let _ = writeln!(
+                o,
+                "<tr><td>peak allocated</td><td class=\"num\">{} ({})</td></tr>\n<tr><td>peak reserved</td><td class=\"num\">{}</td></tr>",
+                bytes(p.allocated_bytes),
+                esc(&when(p.event_index, p.time_us, d.trace.first_time_us)),
+                bytes(p.reserved_bytes)
+            );
+        }
+        let _ = writeln!(o, "</table>");
+    }
+    if !d.by_category.is_empty() {
+        let _ = writeln!(o, "<h3>By kind</h3>\n<table>");
+        for c in &d.by_category {
+            let _ = writeln!(
+                o,
+                "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+                esc(&c.category.replace('_', " ")),
+                bytes(c.bytes),
+                percent(c.bytes, d.allocated_bytes)
+            );
+        }
+        let _ = writeln!(o, "</table>");
+    }
+    if !d.by_stack.is_empty() && d.allocated_bytes > 0 {
+        let _ = writeln!(o, "<h3>Live memory by allocating stack</h3>\n<table class=\"stacks\">");
+        for g in &d.by_stack {
+            let _ = writeln!(
+                o,
+                "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">×{}</td><td class=\"mono\">{}</td></tr>",
+                bytes(g.bytes),
+                percent(g.bytes, d.allocated_bytes),
+                g.count,
+                esc(&g.callers)
+            );
+        }
+        let _ = writeln!(o, "</table>");
+    }
+    if !d.top_allocations.is_empty() {
+        let _ = writeln!(o, "<h3>Largest live allocations</h3>");
+        for a in &d.top_allocations {
+            let age = a.age_us.map_or(String::new(), |us| format!(" · age {}", duration_us(us)));
+            let _ = writeln!(
+                o,
+                "<details class=\"allocation\"><summary><code>{}</code> {} <span class=\"dim\">{}{}</span></summary>\n<pre>",
+                bytes(a.bytes),
+                esc(&a.culprit),
+                esc(&stream_name(a.stream)),
+                esc(&age)
+            );
+            for (lib, line) in folded(tl, a.stack_id, 8) {
+                let _ = writeln!(
+                    o,
+                    "{}",
+                    if lib { format!("<span class=\"dim\">{}</span>", esc(&line)) } else { esc(&line) }
+                );
+            }
+            let _ = writeln!(o, "</pre></details>");
+        }
+    }
+    for n in &d.notes {
+        let _ = writeln!(o, "<p class=\"dim\">Note: {}</p>", esc(n));
+    }
+    let _ = writeln!(o, "</section>");
+}
+
+/// Width and height of the chart's drawing area, in SVG units.
+const W: f64 = 1200.0;
+const H: f64 = 260.0;
+const LEFT: f64 = 70.0;
+const BOTTOM: f64 = 24.0;
+
+/// Allocated (area) and reserved (line) over the trace, the OOM and the peak marked, each bucket a hover target.
+fn timeline(o: &mut String, d: &DeviceReport, c: &Chart) {
+    let n = c.alloc_max.len().max(1);
+    let top = (c.top() as f64 * 1.05).max(1.0);
+    let x = |i: usize| LEFT + (W - LEFT) * i as f64 / n as f64;
+    let y = |v: u64| H - BOTTOM - (H - BOTTOM - 8.0) * v as f64 / top;
+    let _ = writeln!(
+        o,
+        "<figure>\n<svg class=\"timeline\" viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"allocated and reserved memory over the trace\">"
+    );
+    // The allocated band: up along the highest value of each bucket, back along the lowest.
+    let mut area = String::new();
+    for i in 0..n {
+        let _ = write!(area, "{:.1},{:.1} {:.1},{:.1} ", x(i), y(c.alloc_max[i]), x(i + 1), y(c.alloc_max[i]));
+    }
+    for i in (0..n).rev() {
+        let _ = write!(area, "{:.1},{:.1} {:.1},{:.1} ", x(i + 1), y(c.alloc_min[i]), x(i), y(c.alloc_min[i]));
+    }
+    let _ = writeln!(o, "<polygon class=\"alloc\" points=\"{}\"/>", area.trim_end());
+    let mut res = String::new();
+    for i in 0..n {
+        let _ = write!(res, "{:.1},{:.1} {:.1},{:.1} ", x(i), y(c.reserved_max[i]), x(i + 1), y(c.reserved_max[i]));
+    }
+    let _ = writeln!(o, "<polyline class=\"res\" points=\"{}\"/>", res.trim_end());
+    // Axis: zero, the top, and the trace's length.
+    let _ = writeln!(
+        o,
+        "<line x1=\"{LEFT}\" y1=\"{:.1}\" x2=\"{W}\" y2=\"{:.1}\" stroke=\"currentColor\" stroke-opacity=\".3\"/>\
+         <text x=\"4\" y=\"{:.1}\">0</text><text x=\"4\" y=\"14\">{}</text><text x=\"{LEFT}\" y=\"{:.1}\">event 0</text>\
+         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{} events{}</text>",
+        y(0),
+        y(0),
+        y(0),
+        bytes(top as u64),
+        H - 6.0,
+        W - 4.0,
+        H - 6.0,
+        c.events,
+        d.trace.span_us.map_or(String::new(), |s| format!(", {}", duration_us(s)))
+    );
+    let mut mark = |event: Option<u32>, color: &str, label: &str| {
+        let Some(e) = event else { return };
+        let bx = x(c.bucket_of(e)) + (W - LEFT) / n as f64 / 2.0;
+        let _ = writeln!(
+            o,
+            "<line x1=\"{bx:.1}\" y1=\"8\" x2=\"{bx:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>\
+             <text x=\"{:.1}\" y=\"18\" style=\"fill:{color}\">{label}</text>",
+            y(0),
+            bx + 4.0
+        );
+    };
+    mark(d.peak.as_ref().and_then(|p| p.event_index), "var(--res)", "peak");
+    mark(d.oom.as_ref().and_then(|oom| oom.event_index), "var(--err)", "OOM");
+    // Hover: each bucket's figures.
+    for i in 0..n {
+        let first = i * c.per;
+        let last = ((i + 1) * c.per).min(c.events).saturating_sub(1);
+        let alloc = if c.alloc_min[i] == c.alloc_max[i] {
+            bytes(c.alloc_max[i])
+        } else {
+            format!("{}–{}", bytes(c.alloc_min[i]), bytes(c.alloc_max[i]))
+        };
+        let events = if first == last { format!("event {first}") } else { format!("events {first}–{last}") };
+        let _ = writeln!(
+            o,
+            "<rect class=\"hit\" x=\"{:.1}\" y=\"0\" width=\"{:.2}\" height=\"{:.1}\"><title>{events}: allocated {alloc}, reserved {}</title></rect>",
+            x(i),
+            (W - LEFT) / n as f64,
+            y(0),
+            bytes(c.reserved_max[i])
+        );
+    }
+    let _ = writeln!(
+        o,
+        "</svg>\n<figcaption class=\"legend dim\"><span><i class=\"sw\" style=\"background:var(--alloc)\"></i>allocated \
+         (lowest to highest in each of {n} steps of {} events)</span><span><i class=\"sw\" style=\"background:var(--res)\"></i>reserved</span></figcaption>\n</figure>",
+        c.per
+    );
+}
