@@ -304,19 +304,20 @@ fn timeline(o: &mut String, d: &DeviceReport, c: &Chart) {
         c.events,
         d.trace.span_us.map_or(String::new(), |s| format!(", {}", duration_us(s)))
     );
-    let mut mark = |event: Option<u32>, color: &str, label: &str| {
+    let mut mark = |event: Option<u32>, color: &str, label: &str, row: f64| {
         let Some(e) = event else { return };
         let bx = x(c.bucket_of(e)) + (W - LEFT) / n as f64 / 2.0;
+        // Near the right edge the label goes to the line's left, so it is not cut off.
+        let (tx, anchor) = if bx > W - 80.0 { (bx - 4.0, "end") } else { (bx + 4.0, "start") };
         let _ = writeln!(
             o,
             "<line x1=\"{bx:.1}\" y1=\"8\" x2=\"{bx:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>\
-             <text x=\"{:.1}\" y=\"18\" style=\"fill:{color}\">{label}</text>",
+             <text x=\"{tx:.1}\" y=\"{row}\" text-anchor=\"{anchor}\" style=\"fill:{color}\">{label}</text>",
             y(0),
-            bx + 4.0
         );
     };
-    mark(d.peak.as_ref().and_then(|p| p.event_index), "var(--res)", "peak");
-    mark(d.oom.as_ref().and_then(|oom| oom.event_index), "var(--err)", "OOM");
+    mark(d.oom.as_ref().and_then(|oom| oom.event_index), "var(--err)", "OOM", 18.0);
+    mark(d.peak.as_ref().and_then(|p| p.event_index), "var(--res)", "peak", 32.0);
     // Hover: each bucket's figures.
     for i in 0..n {
         let first = i * c.per;
