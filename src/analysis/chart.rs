@@ -44,3 +44,49 @@ pub fn of(replay: &Replay) -> Option<Chart> {
     reserved_max.resize(alloc_max.len(), reserved_max.last().copied().unwrap_or(0));
     Some(Chart { per, events: series.len(), alloc_min, alloc_max, reserved_max })
 }
+
+/// Segments drawn: the largest ones (a map of thousands of segments would be a texture, not a picture).
+pub const SEGMENTS_SHOWN: usize = 48;
+
+/// The caching allocator's segments at the moment, each as its blocks in address order: what is allocated, what
+/// waits for another stream, what is free and where.
+#[derive(Clone, Debug, Default)]
+pub struct SegmentMap {
+    /// The largest segments, largest first.
+    pub segments: Vec<SegmentBar>,
+    pub total_segments: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct SegmentBar {
+    pub address: u64,
+    pub size: u64,
+    pub expandable: bool,
+    /// Runs of blocks of one state, in address order: (bytes, state).
+    pub runs: Vec<(u64, crate::timeline::BlockState)>,
+}
+
+/// The map of a state (`None` without segments).
+pub fn segment_map(state: &crate::timeline::replay::State) -> Option<SegmentMap> {
+    let mut segs = state.segments_sorted();
+    if segs.is_empty() {
+        return None;
+    }
+    let total_segments = segs.len();
+    segs.sort_by_key(|s| (std::cmp::Reverse(s.size), s.addr));
+    segs.truncate(SEGMENTS_SHOWN);
+    let segments = segs
+        .into_iter()
+        .map(|s| {
+            let mut runs: Vec<(u64, crate::timeline::BlockState)> = Vec::new();
+            for (_, b) in state.segment_blocks(s.addr) {
+                match runs.last_mut() {
+                    Some(r) if r.1 == b.state => r.0 += b.size,
+                    _ => runs.push((b.size, b.state)),
+                }
+            }
+            SegmentBar { address: s.addr, size: s.size, expandable: s.expandable, runs }
+        })
+        .collect();
+    Some(SegmentMap { segments, total_segments })
+}

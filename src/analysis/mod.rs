@@ -322,6 +322,9 @@ pub struct DeviceReport {
     /// Allocated and reserved over the trace, reduced for a picture (the HTML report); not in the JSON.
     #[serde(skip)]
     pub chart: Option<chart::Chart>,
+    /// The segments at the moment, block by block, for a picture (the HTML report); not in the JSON.
+    #[serde(skip)]
+    pub segment_map: Option<chart::SegmentMap>,
     /// Every fact the rules may test (`oomdoc facts`).
     #[serde(skip)]
     pub facts: facts::Facts,
@@ -729,6 +732,7 @@ fn device_report(
         holder: None,
         notes,
         chart: chart::of(replay),
+        segment_map: chart::segment_map(&state),
         facts: facts::Facts::default(),
     };
     report.observed = observed::summarize(dev, Some(replay), report.time_us);

@@ -207,6 +207,7 @@ pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
         holder: None,
         notes,
         chart: None,
+        segment_map: None,
         facts: Facts::default(),
     };
     report.facts = text_only_facts(&report);

@@ -10,7 +10,7 @@ use std::fmt::Write;
 
 use super::sections::{self, Highlight};
 use super::{percent, stream_name, when};
-use crate::analysis::chart::Chart;
+use crate::analysis::chart::{Chart, SegmentMap};
 use crate::analysis::{stacks::folded, Analysis, DeviceReport, Moment, ReportSource};
 use crate::timeline::Timeline;
 use crate::units::{bytes, duration_us};
@@ -45,7 +45,8 @@ table{border-collapse:collapse;width:100%}td,th{padding:.2rem .5rem;border-botto
 svg.timeline{width:100%;height:auto;border:1px solid var(--line);border-radius:4px}svg .alloc{fill:var(--alloc);fill-opacity:.35;stroke:var(--alloc);stroke-width:1}\
 svg .res{fill:none;stroke:var(--res);stroke-width:1.5}svg .hit{fill:transparent}svg .hit:hover{fill:rgba(127,127,127,.18)}svg text{fill:var(--dim);font-size:11px}\
 .legend span{margin-right:1rem}.sw{display:inline-block;width:.8rem;height:.8rem;margin-right:.3rem;vertical-align:middle}\
-details summary{cursor:pointer}pre{margin:.25rem 0;white-space:pre-wrap}footer{margin-top:3rem;color:var(--dim);font-size:.8rem}";
+.blk-alloc{fill:var(--alloc);background:var(--alloc)}.blk-pending{fill:var(--res);background:var(--res)}.blk-free{fill:#98a2b3;fill-opacity:.45;background:#98a2b3}.blk-req{fill:var(--err);background:var(--err)}\
+svg.segments{width:100%;height:auto}details summary{cursor:pointer}pre{margin:.25rem 0;white-space:pre-wrap}footer{margin-top:3rem;color:var(--dim);font-size:.8rem}";
 
 /// The whole page around `body`.
 pub fn document(title: &str, body: &str) -> String {
@@ -203,6 +204,9 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
         }
         let _ = writeln!(o, "</table>");
     }
+    if let Some(map) = &d.segment_map {
+        segments(o, d, map);
+    }
     if !d.by_category.is_empty() {
         let _ = writeln!(o, "<h3>By kind</h3>\n<table>");
         for c in &d.by_category {
@@ -256,6 +260,87 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
         let _ = writeln!(o, "<p class=\"dim\">Note: {}</p>", esc(n));
     }
     let _ = writeln!(o, "</section>");
+}
+
+/// The largest segments, each a bar of its blocks (allocated, waiting for another stream, free), to one scale; at an
+/// OOM, the failed request drawn beside the largest free block.
+fn segments(o: &mut String, d: &DeviceReport, map: &SegmentMap) {
+    use crate::timeline::BlockState;
+    let oom = d.oom.as_ref().and_then(|o| o.requested_bytes);
+    // One scale for the segments and the request, which may be larger than any segment; room for its label.
+    let widest = map.segments.iter().map(|s| s.size).chain(oom).max().unwrap_or(1).max(1) as f64;
+    let (label_w, bar_w, row) = (130.0, W - 210.0, 16.0);
+    let extra = if oom.is_some() { 3.0 * row + 10.0 } else { 0.0 };
+    let h = row * map.segments.len() as f64 + extra + 4.0;
+    let shown = if map.total_segments > map.segments.len() {
+        format!("the {} largest of {} segments", map.segments.len(), map.total_segments)
+    } else {
+        format!("{} segments", map.total_segments)
+    };
+    let _ = writeln!(
+        o,
+        "<h3>Segments at the moment <span class=\"dim\">({shown}, to one scale)</span></h3>\n<figure>\n<svg class=\"segments\" viewBox=\"0 0 {W} {h:.0}\" role=\"img\" aria-label=\"segments and their blocks\">"
+    );
+    let scale = |b: u64| bar_w * b as f64 / widest;
+    for (i, seg) in map.segments.iter().enumerate() {
+        let y = i as f64 * row;
+        let _ = writeln!(
+            o,
+            "<text x=\"{:.0}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+            label_w - 6.0,
+            y + 11.5,
+            bytes(seg.size)
+        );
+        let mut x = label_w;
+        for (size, state) in &seg.runs {
+            let (class, what) = match state {
+                BlockState::ActiveAllocated => ("blk-alloc", "allocated"),
+                BlockState::ActivePendingFree => ("blk-pending", "freed, waiting for another stream"),
+                BlockState::Inactive => ("blk-free", "free"),
+            };
+            let w = scale(*size);
+            let _ = writeln!(
+                o,
+                "<rect class=\"{class}\" x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.2}\" height=\"{:.1}\"><title>{} {what} in a {} segment at 0x{:x}{}</title></rect>",
+                y + 2.0,
+                w.max(0.5),
+                row - 4.0,
+                bytes(*size),
+                bytes(seg.size),
+                seg.address,
+                if seg.expandable { " (expandable)" } else { "" }
+            );
+            x += w;
+        }
+    }
+    if let Some(req) = oom {
+        let y = map.segments.len() as f64 * row + 10.0;
+        for (k, (label, size, class)) in
+            [("failed request", req, "blk-req"), ("largest free block", d.largest_free_block_bytes, "blk-free")]
+                .into_iter()
+                .enumerate()
+        {
+            let yy = y + k as f64 * (row + 2.0);
+            let _ = writeln!(
+                o,
+                "<text x=\"{:.0}\" y=\"{:.1}\" text-anchor=\"end\">{label}</text><rect class=\"{class}\" x=\"{label_w}\" y=\"{:.1}\" width=\"{:.2}\" height=\"{:.1}\"><title>{label}: {}</title></rect><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                label_w - 6.0,
+                yy + 11.5,
+                yy + 2.0,
+                scale(size).max(0.5),
+                row - 4.0,
+                bytes(size),
+                label_w + scale(size).max(0.5) + 6.0,
+                yy + 11.5,
+                bytes(size)
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "</svg>\n<figcaption class=\"legend dim\"><span><i class=\"sw blk-alloc\"></i>allocated</span><span><i class=\"sw blk-pending\"></i>freed, waiting for another stream</span><span><i class=\"sw blk-free\"></i>free (cached)</span>{}</figcaption>\n</figure>",
+        if oom.is_some() { "<span><i class=\"sw blk-req\"></i>the failed request</span>" } else { "" }
+    );
 }
 
 /// Width and height of the chart's drawing area, in SVG units.

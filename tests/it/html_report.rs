@@ -96,3 +96,17 @@ fn a_long_trace_stays_light_and_a_job_leads_with_its_ranks() {
     let o = oomdoc(&["analyze", "fixtures/real-gpu/healthy/snapshot.pickle"]);
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("oomdoc "));
 }
+
+#[test]
+fn the_segment_map_shows_fragmentation_beside_the_failed_request() {
+    // The real H100 fragmentation capture: 15 segments of 256 MiB, each part allocated, part free; the 400 MiB
+    // request beside the 156 MiB largest free block.
+    let html = page("frag", &["fixtures/real-gpu/fragmentation/snapshot.pickle"]);
+    assert_offline(&html);
+    assert_balanced(&html);
+    assert!(html.contains("<h3>Segments at the moment <span class=\"dim\">(15 segments, to one scale)</span></h3>"));
+    assert_eq!(html.matches("<rect class=\"blk-alloc\"").count(), 15);
+    assert_eq!(html.matches("<rect class=\"blk-free\"").count(), 16, "a free run per segment, and the largest block");
+    assert!(html.contains("<title>failed request: 400 MiB</title>"));
+    assert!(html.contains("<title>largest free block: 156 MiB</title>"));
+}
