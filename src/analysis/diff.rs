@@ -72,11 +72,7 @@ fn devices(report: &Value) -> &[Value] {
     report.get("devices").and_then(Value::as_array).map_or(&[], Vec::as_slice)
 }
 
-fn peaks(d: &Value) -> (u64, u64) {
-    let p = d.get("peak").filter(|p| !p.is_null());
-    let (a, r) = p.map_or((0, 0), |p| (u(p, "allocated_bytes"), u(p, "reserved_bytes")));
-    (a.max(u(d, "allocated_bytes")), r.max(u(d, "reserved_bytes")))
-}
+use crate::ingest::oomdoc_report::peaks;
 
 /// The moment as the reports' text says it: "the OOM (event 120, 1.6 ms into the trace)".
 fn moment(d: &Value) -> String {

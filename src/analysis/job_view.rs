@@ -23,6 +23,13 @@ pub struct JobView {
     pub findings: Vec<MergedFinding>,
 }
 
+impl JobView {
+    /// Ranks, not rows: a rank with several GPUs has a row per GPU.
+    pub fn rank_count(&self) -> usize {
+        self.ranks.iter().map(|r| r.rank).collect::<std::collections::BTreeSet<_>>().len()
+    }
+}
+
 /// One GPU of one rank.
 #[derive(Clone, Debug, Serialize)]
 pub struct RankRow {

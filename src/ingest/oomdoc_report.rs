@@ -53,14 +53,14 @@ pub fn parse(text: &str, name: &str) -> Result<Vec<ReportedRank>, ReadError> {
     let devices = devices
         .iter()
         .map(|d| {
-            let peak = d.get("peak").filter(|p| !p.is_null());
+            let (peak_allocated_bytes, peak_reserved_bytes) = peaks(d);
             let verdict = d.get("verdict").filter(|p| !p.is_null());
             let holder = verdict.and_then(|v| v.get("holder")).filter(|h| !h.is_null());
             ReportedDevice {
                 device: d.get("device").and_then(Value::as_i64).unwrap_or(0),
                 allocated_bytes: u(d, "allocated_bytes"),
-                peak_allocated_bytes: peak.map_or(0, |p| u(p, "allocated_bytes")).max(u(d, "allocated_bytes")),
-                peak_reserved_bytes: peak.map_or(0, |p| u(p, "reserved_bytes")).max(u(d, "reserved_bytes")),
+                peak_allocated_bytes,
+                peak_reserved_bytes,
                 oom: d.get("oom").is_some_and(|o| !o.is_null()),
                 oom_time_us: d.get("oom").and_then(|o| o.get("time_us")).and_then(Value::as_i64),
                 primary_rule: verdict.and_then(|v| str_of(v, "primary_rule")),
@@ -92,6 +92,15 @@ pub fn parse(text: &str, name: &str) -> Result<Vec<ReportedRank>, ReadError> {
         })
         .unwrap_or_default();
     Ok(vec![ReportedRank { input, devices, findings }])
+}
+
+/// A report device's peak allocated and reserved bytes (its `peak`, or the moment's figures when higher or when
+/// there was no trace).
+pub fn peaks(d: &Value) -> (u64, u64) {
+    let u = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let p = d.get("peak").filter(|p| !p.is_null());
+    let (a, r) = p.map_or((0, 0), |p| (u(p, "allocated_bytes"), u(p, "reserved_bytes")));
+    (a.max(u(d, "allocated_bytes")), r.max(u(d, "reserved_bytes")))
 }
 
 /// The line a finding points at: the `caller` or `where` of a subject in its evidence (`leak.caller` beside

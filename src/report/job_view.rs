@@ -101,7 +101,7 @@ fn merged_line(m: &crate::analysis::job_view::MergedFinding) -> String {
 pub fn text(view: &JobView, analysed: usize, bold: impl Fn(&str) -> String) -> String {
     let mut o = String::new();
     let snapshots: BTreeSet<&str> = view.ranks.iter().map(|r| r.input.as_str()).collect();
-    let rank_count = view.ranks.iter().map(|r| r.rank).collect::<BTreeSet<_>>().len();
+    let rank_count = view.rank_count();
     let reports =
         view.ranks.iter().filter(|r| r.analysis >= analysed).map(|r| r.analysis).collect::<BTreeSet<_>>().len();
     let from = match (snapshots.len() - reports, reports) {
@@ -180,7 +180,7 @@ pub fn text(view: &JobView, analysed: usize, bold: impl Fn(&str) -> String) -> S
 
 pub fn markdown(view: &JobView, analysed: usize, esc: impl Fn(&str) -> String) -> String {
     let mut o = String::new();
-    let rank_count = view.ranks.iter().map(|r| r.rank).collect::<BTreeSet<_>>().len();
+    let rank_count = view.rank_count();
     let _ = writeln!(o, "## Job: {rank_count} ranks\n");
     match &view.first_oom {
         Some(f) => {
@@ -220,7 +220,7 @@ pub fn markdown(view: &JobView, analysed: usize, esc: impl Fn(&str) -> String) -
 pub fn html(view: &JobView, analysed: usize) -> String {
     let esc = super::html::esc;
     let mut o = String::new();
-    let rank_count = view.ranks.iter().map(|r| r.rank).collect::<BTreeSet<_>>().len();
+    let rank_count = view.rank_count();
     let _ = writeln!(o, "<section id=\"job\">\n<h1>Job: {rank_count} ranks</h1>");
     match &view.first_oom {
         Some(f) => {
