@@ -23,6 +23,7 @@ mod oom_messages;
 mod pickle_variants;
 mod profile_findings;
 mod profilers;
+mod python_capture;
 mod real_findings;
 mod real_gpu;
 mod real_snapshots;

@@ -1,0 +1,384 @@
+"""Record the CUDA caching allocator's history, dump a snapshot at the OOM, and print oomdoc's verdict on it.
+
+torch is imported when recording starts, never when this module is imported. Features are detected, not inferred
+from version numbers:
+- `torch.cuda.memory._record_memory_history` takes `enabled/context/stacks/max_entries` since torch 2.1 and
+  `enabled, record_context, trace_alloc_max_entries, trace_alloc_record_context, record_context_cpp` in 2.0;
+- `torch.cuda.memory._dump_snapshot` is used when present, else `_snapshot()` is pickled as it does;
+- `torch._C._cuda_attach_out_of_memory_observer` gives the moment of the OOM, before the exception unwinds and
+  frees what the failing step held; without it the context manager dumps when the OOM exception reaches it;
+- `torch._C._cuda_isHistoryEnabled` tells whether someone else already records (then their settings are kept and
+  recording is left on at the end).
+"""
+import os
+import pickle
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import warnings
+
+from . import _binary
+
+# torch cannot detach an OOM observer: one observer per process dispatches to the recorders active now.
+_active = []
+_observer_attached = False
+_lock = threading.Lock()
+
+
+def _env_rank(name):
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def current_rank(torch=None):
+    """The process's rank: RANK (set by torchrun, Slurm launchers, …), else torch.distributed's when initialised,
+    else LOCAL_RANK, else 0."""
+    rank = _env_rank("RANK")
+    if rank is not None:
+        return rank
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    rank = _env_rank("LOCAL_RANK")
+    return 0 if rank is None else rank
+
+
+def _parameters(fn):
+    import inspect
+
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _history_enabled(torch):
+    probe = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    if probe is None:
+        return None
+    try:
+        return bool(probe())
+    except Exception:
+        return None
+
+
+def _start_history(torch, max_entries, stacks, context):
+    record = torch.cuda.memory._record_memory_history
+    params = _parameters(record)
+    modern = {"enabled": "all", "context": context, "stacks": stacks, "max_entries": max_entries}
+    legacy = {
+        "record_context": context is not None,
+        "trace_alloc_max_entries": max_entries,
+        "trace_alloc_record_context": context in ("all", "alloc"),
+        "record_context_cpp": stacks == "all",
+    }
+    if params is None:
+        # A builtin without a signature: try the current form, then torch 2.0's.
+        try:
+            record(**modern)
+            return "modern"
+        except TypeError:
+            record(True, **legacy)
+            return "legacy"
+    if "max_entries" in params:
+        record(**{k: v for k, v in modern.items() if k in params})
+        return "modern"
+    record(True, **{k: v for k, v in legacy.items() if k in params})
+    return "legacy"
+
+
+def _stop_history(torch, api):
+    record = torch.cuda.memory._record_memory_history
+    if api == "modern":
+        record(enabled=None)
+    else:
+        record(False)
+
+
+def _dump(torch, path):
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    dump = getattr(torch.cuda.memory, "_dump_snapshot", None)
+    if dump is not None:
+        dump(path)
+        return
+    snapshot = torch.cuda.memory._snapshot()
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+
+
+def _is_oom(torch, exc):
+    for owner in (torch, getattr(torch, "cuda", None)):
+        cls = getattr(owner, "OutOfMemoryError", None)
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return True
+    # torch before OutOfMemoryError existed raised a RuntimeError with this message.
+    return isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc)
+
+
+def _observer(device, alloc, device_alloc, device_free):
+    # Called by the allocator, GIL held, before the OutOfMemoryError is raised: an exception here must not escape.
+    with _lock:
+        recorders = list(_active)
+    for recorder in recorders:
+        recorder._on_oom(device=device, requested=alloc)
+
+
+def _attach_observer(torch):
+    global _observer_attached
+    with _lock:
+        if _observer_attached:
+            return True
+        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if attach is None:
+            return False
+        attach(_observer)
+        _observer_attached = True
+        return True
+
+
+def parse_interval_ms(value):
+    """'200ms', '0.5s', '2s' or a number of milliseconds -> milliseconds (at least 1)."""
+    if isinstance(value, (int, float)):
+        ms = float(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*", str(value))
+        if not m:
+            raise ValueError(f"an interval like 200ms or 0.5s, not {value!r}")
+        ms = float(m.group(1)) * (1000.0 if m.group(2) == "s" else 1.0)
+    if ms < 1:
+        raise ValueError(f"an interval of at least 1ms, not {value!r}")
+    return int(round(ms))
+
+
+class SmiSampler:
+    """nvidia-smi logging memory beside the job (the CSV oomdoc reads to size memory outside PyTorch)."""
+
+    QUERY = "--query-gpu=timestamp,index,memory.used,memory.free,memory.total"
+
+    def __init__(self, path, interval_ms):
+        self.path = path
+        self.interval_ms = interval_ms
+        self.process = None
+
+    def start(self):
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            warnings.warn("oomdoc: nvidia-smi is not on the PATH: memory outside PyTorch will not be sampled")
+            return self
+        folder = os.path.dirname(self.path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        with open(self.path, "w") as out:
+            self.process = subprocess.Popen(
+                [exe, self.QUERY, "--format=csv", "-lms", str(self.interval_ms)],
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+            )
+        return self
+
+    def stop(self):
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+            self.process = None
+
+
+def _brief(report):
+    """The report's head: inputs, verdict and findings, up to the first GPU's detail section."""
+    plain = re.compile(r"\x1b\[[0-9;]*m")
+    lines = report.splitlines()
+    for i, line in enumerate(lines):
+        if i > 0 and not lines[i - 1].strip() and re.match(r"GPU \d+ at ", plain.sub("", line)):
+            return "\n".join(lines[: i - 1]).rstrip("\n")
+    return report.rstrip("\n")
+
+
+def _human(n):
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+
+
+def _color_on(stream):
+    if os.environ.get("NO_COLOR"):
+        return False
+    try:
+        return stream.isatty()
+    except Exception:
+        return False
+
+
+class Recorder:
+    """Recording started by :func:`record`; a context manager, or call :meth:`stop`."""
+
+    def __init__(self, path, max_entries, stacks, context, verdict, smi):
+        if stacks not in ("python", "all"):
+            raise ValueError(f"stacks: 'python' or 'all', not {stacks!r}")
+        if context not in ("all", "alloc", "state", None):
+            raise ValueError(f"context: 'all', 'alloc', 'state' or None, not {context!r}")
+        self.path = str(path)
+        self.max_entries = int(max_entries)
+        self.stacks = stacks
+        self.context = context
+        self.verdict = verdict and os.environ.get("OOMDOC_VERDICT", "1") not in ("0", "no", "false", "off")
+        self.smi_interval_ms = None if smi is None else parse_interval_ms(smi)
+        self.active = False
+        #: the snapshot written at the OOM (the first one; later OOMs in the same recording are not dumped).
+        self.snapshot = None
+        #: where nvidia-smi was logged, when it was.
+        self.smi_path = None
+        self._torch = None
+        self._api = None
+        self._smi = None
+        self._dumping = False
+
+    def _names(self, device=None):
+        torch = self._torch
+        return {
+            "rank": current_rank(torch),
+            "local_rank": _env_rank("LOCAL_RANK") or 0,
+            "pid": os.getpid(),
+            "device": 0 if device is None else device,
+            "host": socket.gethostname(),
+        }
+
+    def start(self):
+        try:
+            import torch
+        except ImportError:
+            warnings.warn("oomdoc.record: torch is not installed: nothing is recorded", stacklevel=3)
+            return self
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_available():
+            warnings.warn("oomdoc.record: CUDA is not available: nothing is recorded", stacklevel=3)
+            return self
+        self._torch = torch
+        if not _history_enabled(torch):
+            self._api = _start_history(torch, self.max_entries, self.stacks, self.context)
+        observer = _attach_observer(torch)
+        if not observer:
+            # Only the exception is seen: the snapshot is taken when it reaches the `with` block's end.
+            warnings.warn(
+                "oomdoc.record: this torch has no OOM observer: the snapshot is dumped when the OutOfMemoryError "
+                "leaves the `with oomdoc.record():` block",
+                stacklevel=3,
+            )
+        with _lock:
+            _active.append(self)
+        self.active = True
+        if self.smi_interval_ms is not None and (_env_rank("LOCAL_RANK") or 0) == 0:
+            folder = os.path.dirname(self.path.format(**self._names()))
+            self.smi_path = os.path.join(folder, "nvidia-smi.{}.csv".format(socket.gethostname()))
+            self._smi = SmiSampler(self.smi_path, self.smi_interval_ms).start()
+        return self
+
+    def stop(self):
+        """Stops what this recorder started (recording, the nvidia-smi sampler) and stops dumping at an OOM."""
+        if not self.active:
+            return
+        self.active = False
+        with _lock:
+            if self in _active:
+                _active.remove(self)
+        if self._api is not None:
+            _stop_history(self._torch, self._api)
+            self._api = None
+        if self._smi is not None:
+            self._smi.stop()
+            self._smi = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc is not None and self.active and self.snapshot is None and _is_oom(self._torch, exc):
+                self._on_oom()
+        finally:
+            self.stop()
+        return False
+
+    def _on_oom(self, device=None, requested=None):
+        if self.snapshot is not None or self._dumping or not self.active:
+            return
+        self._dumping = True
+        try:
+            path = self.path.format(**self._names(device))
+            _dump(self._torch, path)
+            self.snapshot = path
+            what = "" if requested is None else f" asking for {_human(requested)}"
+            gpu = "" if device is None else f" on GPU {device}"
+            print(f"oomdoc: out of memory{gpu}{what}: snapshot written to {path}", file=sys.stderr, flush=True)
+            if self.verdict:
+                self._print_verdict(path)
+        except Exception as e:  # never into the allocator
+            print(f"oomdoc: could not write the snapshot at the OOM: {e}", file=sys.stderr, flush=True)
+        finally:
+            self._dumping = False
+
+    def _print_verdict(self, path):
+        files = [path]
+        if self.smi_path and os.path.exists(self.smi_path) and os.path.getsize(self.smi_path) > 0:
+            files.append(self.smi_path)
+        color = _color_on(sys.stderr)
+        try:
+            proc = _binary.run_binary(
+                ["analyze", *files, "--no-progress", "--top", "3", "--color", "always" if color else "never"],
+                timeout=600,
+            )
+        except (_binary.BinaryNotFound, OSError) as e:
+            print(f"oomdoc: could not run the analysis ({e}); later: oomdoc analyze {path}", file=sys.stderr, flush=True)
+            return
+        except subprocess.TimeoutExpired:
+            print(f"oomdoc: the analysis took too long; run: oomdoc analyze {path}", file=sys.stderr, flush=True)
+            return
+        out = proc.stdout.decode("utf-8", "replace")
+        err = proc.stderr.decode("utf-8", "replace").strip()
+        if out.strip():
+            print(_brief(out), file=sys.stderr)
+            print(
+                f"\noomdoc: the full report: oomdoc analyze {' '.join(files)}  (-o report.html for a page to attach)",
+                file=sys.stderr,
+                flush=True,
+            )
+        if err:
+            print(err, file=sys.stderr, flush=True)
+
+
+def record(path="oom-{rank}.pickle", max_entries=100_000, stacks="python", context="all", verdict=True, smi=None):
+    """Records the allocator's history and, at an out-of-memory error, dumps a snapshot and prints oomdoc's verdict.
+
+    Use it as a plain call at the start of training, or as a context manager around the part that may fail::
+
+        import oomdoc
+        oomdoc.record()                      # one line: oom-<rank>.pickle and the verdict at the OOM
+
+        with oomdoc.record("snapshots/oom-{rank}.pickle"):
+            train()
+
+    path: where the snapshot goes; `{rank}`, `{local_rank}`, `{device}`, `{pid}` and `{host}` are filled in
+        (the rank from RANK, torch.distributed or LOCAL_RANK).
+    max_entries: allocation events kept (a ring buffer: the last ones before the OOM).
+    stacks: "python", or "all" for C++ frames too (slower).
+    context: what the events record: "all", "alloc", "state" or None.
+    verdict: print oomdoc's verdict to stderr after the dump (also off with OOMDOC_VERDICT=0).
+    smi: sample nvidia-smi every this often ("200ms") beside the snapshot, one file per host, so the report can size
+        memory held outside PyTorch.
+
+    Without CUDA (or torch) it warns and records nothing. On exit (or `.stop()`) what it changed is restored:
+    recording it started is stopped, a recording someone else started is left on, and it no longer dumps.
+    """
+    return Recorder(path, max_entries, stacks, context, verdict, smi).start()

@@ -1,0 +1,121 @@
+"""A stand-in for the few parts of torch that oomdoc.record touches. It records every call in `calls`, keeps the
+recording state, and `_fake.trigger_oom()` does what the caching allocator does at an OOM: calls the attached
+observers, then raises OutOfMemoryError.
+
+`_fake.reset(api=…)` shapes the API like a torch version: "modern" (2.1 and later: keyword
+_record_memory_history, _dump_snapshot, _cuda_isHistoryEnabled, torch.OutOfMemoryError) or "legacy" (2.0: the
+positional/trace_alloc_* signature, no _dump_snapshot, no history probe, only torch.cuda.OutOfMemoryError).
+A dumped snapshot is a copy of a real one (FAKE_TORCH_SNAPSHOT, default: a real H100 capture in fixtures/).
+"""
+import os
+import pickle
+import shutil
+import sys
+import types
+
+__version__ = "0.0.0+fake"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_SNAPSHOT = os.path.join(_HERE, "..", "..", "..", "..", "fixtures", "real-gpu", "leaked-references",
+                                "snapshot.pickle")
+
+cuda = types.ModuleType("torch.cuda")
+cuda.memory = types.ModuleType("torch.cuda.memory")
+distributed = types.ModuleType("torch.distributed")
+_C = types.SimpleNamespace()
+_fake = types.ModuleType("torch._fake")
+sys.modules["torch.cuda"] = cuda
+sys.modules["torch.cuda.memory"] = cuda.memory
+sys.modules["torch.distributed"] = distributed
+
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+
+def _snapshot_file():
+    return os.environ.get("FAKE_TORCH_SNAPSHOT", DEFAULT_SNAPSHOT)
+
+
+def reset(api="modern", cuda_available=True, observer=True, history_on=False, dist_rank=None):
+    _fake.calls = []
+    _fake.observers = []
+    _fake.history = history_on
+    _fake.api = api
+
+    def log(name, *args, **kwargs):
+        _fake.calls.append((name, args, kwargs))
+
+    cuda.is_available = lambda: cuda_available
+    for name in ("_record_memory_history", "_dump_snapshot", "_snapshot"):
+        if hasattr(cuda.memory, name):
+            delattr(cuda.memory, name)
+    for name in ("_cuda_isHistoryEnabled", "_cuda_attach_out_of_memory_observer"):
+        if hasattr(_C, name):
+            delattr(_C, name)
+    g = globals()
+    g.pop("OutOfMemoryError", None)
+    if hasattr(cuda, "OutOfMemoryError"):
+        del cuda.OutOfMemoryError
+
+    if api == "modern":
+        def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
+                                   device=None):
+            log("_record_memory_history", enabled=enabled, context=context, stacks=stacks, max_entries=max_entries)
+            _fake.history = enabled is not None
+
+        def _dump_snapshot(filename="dump_snapshot.pickle"):
+            log("_dump_snapshot", filename)
+            shutil.copyfile(_snapshot_file(), filename)
+
+        cuda.memory._record_memory_history = _record_memory_history
+        cuda.memory._dump_snapshot = _dump_snapshot
+        _C._cuda_isHistoryEnabled = lambda: _fake.history
+        g["OutOfMemoryError"] = _OOM
+        cuda.OutOfMemoryError = _OOM
+    elif api == "legacy":
+        def _record_memory_history(enabled, record_context=True, trace_alloc_max_entries=1,
+                                   trace_alloc_record_context=False, device=None, record_context_cpp=False):
+            log("_record_memory_history", enabled, record_context=record_context,
+                trace_alloc_max_entries=trace_alloc_max_entries,
+                trace_alloc_record_context=trace_alloc_record_context, record_context_cpp=record_context_cpp)
+            _fake.history = bool(enabled)
+
+        cuda.memory._record_memory_history = _record_memory_history
+        cuda.OutOfMemoryError = _OOM
+    else:
+        raise ValueError(api)
+
+    def _snapshot(device=None):
+        log("_snapshot")
+        with open(_snapshot_file(), "rb") as f:
+            return pickle.load(f)
+
+    cuda.memory._snapshot = _snapshot
+    if observer:
+        def attach(fn):
+            log("_cuda_attach_out_of_memory_observer")
+            _fake.observers.append(fn)
+
+        _C._cuda_attach_out_of_memory_observer = attach
+
+    distributed.is_available = lambda: True
+    distributed.is_initialized = lambda: dist_rank is not None
+    distributed.get_rank = lambda: dist_rank
+
+
+_OOM = OutOfMemoryError
+
+
+def trigger_oom(device=0, alloc=16 << 20):
+    """What the allocator does when cudaMalloc fails: the observers first, then the exception."""
+    for fn in list(_fake.observers):
+        fn(device, alloc, 80 << 30, 1 << 20)
+    raise _OOM(f"CUDA out of memory. Tried to allocate {alloc >> 20} MiB. GPU {device} has a total capacity of "
+               "79.19 GiB of which 1.00 MiB is free.")
+
+
+_fake.reset = reset
+_fake.trigger_oom = trigger_oom
+reset(api=os.environ.get("FAKE_TORCH_API", "modern"),
+      cuda_available=os.environ.get("FAKE_TORCH_CUDA", "1") == "1")

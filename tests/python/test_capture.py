@@ -1,0 +1,367 @@
+"""The capture helpers (python/oomdoc) against a stand-in for torch (fake_torch/): dump at the OOM, rank naming,
+restore on exit, no CUDA, torch 2.0's API, `python -m oomdoc run`. The verdict comes from the real oomdoc binary
+(OOMDOC_BIN, else the one installed beside this Python) on a real snapshot.
+
+Run: PYTHONPATH=python:tests/python/fake_torch OOMDOC_BIN=target/debug/oomdoc python3 -m unittest discover tests/python
+"""
+import contextlib
+import io
+import json
+import os
+import pickle
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+import warnings
+
+import torch
+
+import oomdoc
+from oomdoc import _capture
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_TORCH = os.path.join(HERE, "fake_torch")
+
+
+def fresh(**kwargs):
+    """A new fake torch state, and oomdoc's per-process observer forgotten with it."""
+    torch._fake.reset(**kwargs)
+    _capture._observer_attached = False
+    _capture._active.clear()
+
+
+@contextlib.contextmanager
+def environ(**values):
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+NO_RANK = {"RANK": None, "LOCAL_RANK": None, "OOMDOC_VERDICT": None}
+
+
+class Record(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+        fresh()
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def names(self):
+        return [c[0] for c in torch._fake.calls]
+
+    def oom_inside(self, recorder_args=None, **trigger):
+        err = io.StringIO()
+        with environ(**NO_RANK), contextlib.redirect_stderr(err):
+            with self.assertRaises(torch.cuda.OutOfMemoryError):
+                with oomdoc.record(**(recorder_args or {"path": os.path.join(self.dir, "oom-{rank}.pickle")})):
+                    torch._fake.trigger_oom(**trigger)
+        return err.getvalue()
+
+    def test_dumps_the_snapshot_at_the_oom_and_prints_the_verdict(self):
+        err = self.oom_inside()
+        path = os.path.join(self.dir, "oom-0.pickle")
+        self.assertTrue(os.path.getsize(path) > 0)
+        self.assertEqual(
+            self.names(),
+            ["_record_memory_history", "_cuda_attach_out_of_memory_observer", "_dump_snapshot",
+             "_record_memory_history"],
+        )
+        start = torch._fake.calls[0][2]
+        self.assertEqual(start, {"enabled": "all", "context": "all", "stacks": "python", "max_entries": 100_000})
+        self.assertIn(f"oomdoc: out of memory on GPU 0 asking for 16.00 MiB: snapshot written to {path}", err)
+        # The verdict of the real snapshot, and only its head: the detail sections are left to the full report.
+        self.assertIn("Verdict", err)
+        self.assertIn("Primary cause: leaked references", err)
+        self.assertIn("fix: Keep numbers, not tensors", err)
+        self.assertNotIn("Largest live allocations", err)
+        self.assertIn(f"the full report: oomdoc analyze {path}", err)
+
+    def test_the_snapshot_is_named_by_rank(self):
+        cases = [
+            ({"RANK": "3", "LOCAL_RANK": "1"}, None, "oom-3.pickle"),
+            ({}, 5, "oom-5.pickle"),
+            ({"LOCAL_RANK": "2"}, None, "oom-2.pickle"),
+            ({}, None, "oom-0.pickle"),
+        ]
+        for env, dist_rank, name in cases:
+            with self.subTest(env=env, dist_rank=dist_rank):
+                fresh(dist_rank=dist_rank)
+                d = tempfile.mkdtemp(dir=self.dir)
+                with environ(**{**NO_RANK, **env}), contextlib.redirect_stderr(io.StringIO()):
+                    with self.assertRaises(torch.cuda.OutOfMemoryError):
+                        with oomdoc.record(os.path.join(d, "oom-{rank}.pickle"), verdict=False):
+                            torch._fake.trigger_oom()
+                self.assertEqual(os.listdir(d), [name])
+
+    def test_device_pid_and_folders_in_the_path(self):
+        err = io.StringIO()
+        with environ(**NO_RANK), contextlib.redirect_stderr(err):
+            with self.assertRaises(torch.cuda.OutOfMemoryError):
+                with oomdoc.record(os.path.join(self.dir, "{host}", "gpu{device}-{pid}.pickle"), verdict=False):
+                    torch._fake.trigger_oom(device=3)
+        self.assertTrue(os.path.exists(os.path.join(self.dir, socket.gethostname(), f"gpu3-{os.getpid()}.pickle")))
+
+    def test_restores_the_previous_state_on_exit(self):
+        path = os.path.join(self.dir, "oom-{rank}.pickle")
+        with environ(**NO_RANK), contextlib.redirect_stderr(io.StringIO()):
+            with oomdoc.record(path, verdict=False) as r:
+                self.assertTrue(torch._fake.history)
+                self.assertTrue(r.active)
+            self.assertFalse(torch._fake.history)
+            self.assertEqual(torch._fake.calls[-1], ("_record_memory_history", (), {
+                "enabled": None, "context": "all", "stacks": "all", "max_entries": sys.maxsize}))
+            # The observer stays attached (torch cannot detach one) but no longer dumps for a stopped recorder.
+            with self.assertRaises(torch.cuda.OutOfMemoryError):
+                torch._fake.trigger_oom()
+        self.assertEqual(os.listdir(self.dir), [])
+        self.assertFalse(r.active)
+
+    def test_a_recording_started_by_someone_else_is_left_on(self):
+        fresh(history_on=True)
+        with environ(**NO_RANK), contextlib.redirect_stderr(io.StringIO()):
+            with self.assertRaises(torch.cuda.OutOfMemoryError):
+                with oomdoc.record(os.path.join(self.dir, "oom.pickle"), verdict=False):
+                    torch._fake.trigger_oom()
+        self.assertNotIn("_record_memory_history", self.names())
+        self.assertTrue(torch._fake.history)
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "oom.pickle")))
+
+    def test_a_plain_call_records_until_stop(self):
+        with environ(**NO_RANK), contextlib.redirect_stderr(io.StringIO()):
+            r = oomdoc.record(os.path.join(self.dir, "oom-{rank}.pickle"), max_entries=5000, stacks="all",
+                              verdict=False)
+            self.assertEqual(torch._fake.calls[0][2]["max_entries"], 5000)
+            self.assertEqual(torch._fake.calls[0][2]["stacks"], "all")
+            with self.assertRaises(torch.cuda.OutOfMemoryError):
+                torch._fake.trigger_oom()
+            # Only the first OOM of a recording is dumped: the one that killed the step.
+            with self.assertRaises(torch.cuda.OutOfMemoryError):
+                torch._fake.trigger_oom()
+            self.assertEqual(self.names().count("_dump_snapshot"), 1)
+            self.assertTrue(torch._fake.history)
+            r.stop()
+            self.assertFalse(torch._fake.history)
+        self.assertEqual(r.snapshot, os.path.join(self.dir, "oom-0.pickle"))
+
+    def test_without_cuda_it_warns_and_records_nothing(self):
+        fresh(cuda_available=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with self.assertRaises(torch.cuda.OutOfMemoryError):
+                with oomdoc.record(os.path.join(self.dir, "oom.pickle")) as r:
+                    torch._fake.trigger_oom()
+        self.assertEqual([str(w.message) for w in caught],
+                         ["oomdoc.record: CUDA is not available: nothing is recorded"])
+        self.assertEqual(caught[0].filename, __file__)
+        self.assertEqual(torch._fake.calls, [])
+        self.assertFalse(r.active)
+        self.assertEqual(os.listdir(self.dir), [])
+
+    def test_without_torch_it_warns_and_records_nothing(self):
+        saved = sys.modules["torch"]
+        sys.modules["torch"] = None  # what an absent package looks like to `import torch`
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with oomdoc.record(os.path.join(self.dir, "oom.pickle")) as r:
+                    pass
+        finally:
+            sys.modules["torch"] = saved
+        self.assertEqual([str(w.message) for w in caught],
+                         ["oomdoc.record: torch is not installed: nothing is recorded"])
+        self.assertFalse(r.active)
+
+    def test_torch_2_0_api(self):
+        fresh(api="legacy")
+        self.assertFalse(hasattr(torch, "OutOfMemoryError"))
+        err = self.oom_inside()
+        self.assertEqual(torch._fake.calls[0], ("_record_memory_history", (True,), {
+            "record_context": True, "trace_alloc_max_entries": 100_000, "trace_alloc_record_context": True,
+            "record_context_cpp": False}))
+        self.assertEqual(self.names()[2], "_snapshot")
+        self.assertEqual(torch._fake.calls[-1][1], (False,))
+        path = os.path.join(self.dir, "oom-0.pickle")
+        with open(path, "rb") as f:
+            self.assertIn("segments", pickle.load(f))
+        self.assertIn("Primary cause: leaked references", err)
+
+    def test_without_an_oom_observer_the_exception_is_the_moment(self):
+        fresh(observer=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            err = self.oom_inside(recorder_args={"path": os.path.join(self.dir, "oom.pickle"), "verdict": False})
+        self.assertIn("no OOM observer", str(caught[0].message))
+        self.assertIn("snapshot written to", err)
+        self.assertEqual(self.names(), ["_record_memory_history", "_dump_snapshot", "_record_memory_history"])
+
+    def test_the_verdict_can_be_turned_off(self):
+        err = self.oom_inside(recorder_args={"path": os.path.join(self.dir, "a.pickle"), "verdict": False})
+        self.assertIn("snapshot written to", err)
+        self.assertNotIn("Verdict", err)
+        fresh()
+        with environ(OOMDOC_VERDICT="0"):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                with self.assertRaises(torch.cuda.OutOfMemoryError):
+                    with oomdoc.record(os.path.join(self.dir, "b.pickle")):
+                        torch._fake.trigger_oom()
+        self.assertNotIn("Verdict", err.getvalue())
+
+    def test_other_exceptions_are_not_dumped(self):
+        with environ(**NO_RANK), contextlib.redirect_stderr(io.StringIO()):
+            with self.assertRaises(KeyError):
+                with oomdoc.record(os.path.join(self.dir, "oom.pickle")):
+                    raise KeyError("x")
+        self.assertEqual(os.listdir(self.dir), [])
+        self.assertFalse(torch._fake.history)
+
+    def test_bad_arguments_are_clear(self):
+        with self.assertRaisesRegex(ValueError, "stacks: 'python' or 'all'"):
+            oomdoc.record(stacks="cpp")
+        with self.assertRaisesRegex(ValueError, "an interval like 200ms"):
+            oomdoc.record(smi="often")
+
+    def test_analyze_returns_the_report(self):
+        report = json.loads(oomdoc.analyze(torch.DEFAULT_SNAPSHOT, format="json"))
+        self.assertEqual(report["schema_version"], 1)
+        self.assertEqual(report["findings"][0]["rule"], "leaked-references")
+
+
+def python_env(**extra):
+    env = dict(os.environ)
+    for k in ("RANK", "LOCAL_RANK", "OOMDOC_VERDICT"):
+        env.pop(k, None)
+    parts = [FAKE_TORCH] + [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    if env.get("OOMDOC_BIN"):
+        env["OOMDOC_BIN"] = os.path.abspath(env["OOMDOC_BIN"])
+    env.update(extra)
+    return env
+
+
+SCRIPT = """\
+import json, sys
+import torch
+json.dump(sys.argv, open(sys.argv[1], "w"))
+if __name__ == "__main__":
+    torch._fake.trigger_oom(device=0, alloc=16 << 20)
+"""
+
+
+class RunCommand(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+        self.script = os.path.join(self.dir, "train.py")
+        with open(self.script, "w") as f:
+            f.write(SCRIPT)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_oomdoc(self, *args, env=None):
+        return subprocess.run([sys.executable, "-m", "oomdoc", *args], capture_output=True, text=True,
+                              env=env or python_env(), cwd=self.dir, timeout=120)
+
+    def test_runs_the_script_and_diagnoses_its_oom(self):
+        out = os.path.join(self.dir, "out")
+        argv_file = os.path.join(self.dir, "argv.json")
+        p = self.run_oomdoc("run", "--out", out, "--", self.script, argv_file, "--lr", "3e-4")
+        self.assertEqual(p.returncode, 1, p.stderr)
+        with open(argv_file) as f:
+            self.assertEqual(json.load(f), [self.script, argv_file, "--lr", "3e-4"])
+        self.assertEqual(os.listdir(out), ["oom-0.pickle"])
+        self.assertIn("Primary cause: leaked references", p.stderr)
+        # The script's own traceback still ends the run, after the verdict.
+        self.assertIn("OutOfMemoryError: CUDA out of memory", p.stderr)
+        self.assertLess(p.stderr.index("Verdict"), p.stderr.index("Traceback"))
+
+    def test_torchrun_style_ranks_and_options_without_the_separator(self):
+        out = os.path.join(self.dir, "out")
+        p = self.run_oomdoc("run", "--out", out, "--no-verdict", self.script, os.path.join(self.dir, "a.json"),
+                            env=python_env(RANK="6", LOCAL_RANK="2", WORLD_SIZE="8"))
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertEqual(os.listdir(out), ["oom-6.pickle"])
+        self.assertNotIn("Verdict", p.stderr)
+
+    def test_a_module_target(self):
+        pkg = os.path.join(self.dir, "trainer")
+        os.mkdir(pkg)
+        for name, text in (("__init__.py", ""), ("__main__.py", SCRIPT)):
+            with open(os.path.join(pkg, name), "w") as f:
+                f.write(text)
+        p = self.run_oomdoc("run", "--no-verdict", "--", "-m", "trainer", os.path.join(self.dir, "argv.json"))
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "oom-0.pickle")))
+
+    def test_a_script_that_finishes_keeps_its_exit_status_and_leaves_no_snapshot(self):
+        with open(self.script, "w") as f:
+            f.write("import sys\nsys.exit(3)\n")
+        p = self.run_oomdoc("run", "--", self.script)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "oom-0.pickle")))
+
+    def test_nvidia_smi_is_sampled_beside_the_snapshot(self):
+        bin_dir = os.path.join(self.dir, "bin")
+        os.mkdir(bin_dir)
+        smi = os.path.join(bin_dir, "nvidia-smi")
+        with open(smi, "w") as f:
+            # What `nvidia-smi --query-gpu=… --format=csv -lms N` prints, from a real capture.
+            f.write(textwrap.dedent("""\
+                #!/bin/sh
+                echo "timestamp, index, memory.used [MiB], memory.free [MiB], memory.total [MiB]"
+                echo "2026/11/23 00:57:26.221, 0, 4 MiB, 81076 MiB, 81559 MiB"
+                echo "2026/11/23 00:57:26.421, 0, 3021 MiB, 78059 MiB, 81559 MiB"
+                exec sleep 30
+                """))
+        os.chmod(smi, os.stat(smi).st_mode | stat.S_IXUSR)
+        env = python_env(PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+        p = self.run_oomdoc("run", "--out", "out", "--smi", "100ms", "--", self.script, "argv.json", env=env)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        csv = os.path.join("out", f"nvidia-smi.{socket.gethostname()}.csv")
+        with open(os.path.join(self.dir, csv)) as f:
+            self.assertIn("3021 MiB", f.read())
+        self.assertIn(f"the full report: oomdoc analyze out/oom-0.pickle {csv}", p.stderr)
+
+    def test_bad_usage_is_one_clear_error(self):
+        p = self.run_oomdoc("run", "--out", "x")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("give the script to run after `--`", p.stderr)
+        p = self.run_oomdoc("run", "--smi", "soon", "--", self.script)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--smi: an interval like 200ms", p.stderr)
+
+    def test_other_commands_go_to_the_binary(self):
+        p = self.run_oomdoc("--version")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertRegex(p.stdout, r"^oomdoc \d+\.\d+\.\d+")
+        p = self.run_oomdoc("analyze", torch.DEFAULT_SNAPSHOT, "--top", "1")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("Verdict", p.stdout)
+
+    def test_importing_oomdoc_does_not_import_torch(self):
+        p = subprocess.run([sys.executable, "-c", "import sys, oomdoc; assert 'torch' not in sys.modules, 'torch'; "
+                            "print(oomdoc.__version__)"], capture_output=True, text=True, env=python_env())
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
