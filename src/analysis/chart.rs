@@ -15,6 +15,8 @@ pub struct Chart {
     pub alloc_min: Vec<u64>,
     pub alloc_max: Vec<u64>,
     pub reserved_max: Vec<u64>,
+    /// The time of each bucket's first event that has one (µs, the trace's clock): places nvidia-smi samples.
+    pub time_us: Vec<Option<i64>>,
 }
 
 impl Chart {
@@ -23,13 +25,24 @@ impl Chart {
         (i as usize / self.per.max(1)).min(self.alloc_max.len().saturating_sub(1))
     }
 
+    /// The bucket a time falls in (the last bucket that started at or before it), if the trace has times and
+    /// the time is inside it.
+    pub fn bucket_at(&self, t: i64) -> Option<usize> {
+        let first = self.time_us.iter().flatten().next()?;
+        let last = self.time_us.iter().rev().flatten().next()?;
+        if t < *first || t > *last + 1_000_000 {
+            return None;
+        }
+        self.time_us.iter().rposition(|b| b.is_some_and(|b| b <= t))
+    }
+
     pub fn top(&self) -> u64 {
         self.alloc_max.iter().chain(&self.reserved_max).copied().max().unwrap_or(0)
     }
 }
 
 /// The chart of a replayed trace (`None` without events).
-pub fn of(replay: &Replay) -> Option<Chart> {
+pub fn of(replay: &Replay, events: &[crate::timeline::Event]) -> Option<Chart> {
     let series = &replay.allocated_series;
     if series.is_empty() {
         return None;
@@ -42,7 +55,8 @@ pub fn of(replay: &Replay) -> Option<Chart> {
     }
     let mut reserved_max = replay.reserved_series.chunk_max(per);
     reserved_max.resize(alloc_max.len(), reserved_max.last().copied().unwrap_or(0));
-    Some(Chart { per, events: series.len(), alloc_min, alloc_max, reserved_max })
+    let time_us = events.chunks(per).map(|chunk| chunk.iter().find_map(|e| e.time_us())).collect();
+    Some(Chart { per, events: series.len(), alloc_min, alloc_max, reserved_max, time_us })
 }
 
 /// Segments drawn: the largest ones (a map of thousands of segments would be a texture, not a picture).

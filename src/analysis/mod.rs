@@ -325,6 +325,10 @@ pub struct DeviceReport {
     /// The segments at the moment, block by block, for a picture (the HTML report); not in the JSON.
     #[serde(skip)]
     pub segment_map: Option<chart::SegmentMap>,
+    /// Every stack that holds live memory at the moment, with its bytes, largest first: the HTML report's flame
+    /// graph (`by_stack` keeps only the top ones); not in the JSON.
+    #[serde(skip)]
+    pub live_stacks: Vec<(StackId, u64)>,
     /// Every fact the rules may test (`oomdoc facts`).
     #[serde(skip)]
     pub facts: facts::Facts,
@@ -694,7 +698,8 @@ fn device_report(
     let time_us = idx.and_then(|i| events[i as usize].time_us());
     let free_by_pool = free_by_pool(&state);
     let oom = (moment == Moment::Oom).then_some(idx).flatten().map(|i| oom_report(tl, dev, i, &free_by_pool));
-    let (top_allocations, by_stack, live_count, no_stack) = live_allocations(tl, dev, &state, time_us, opts.top);
+    let (top_allocations, (by_stack, live_stacks), live_count, no_stack) =
+        live_allocations(tl, dev, &state, time_us, opts.top);
     let trace = trace_report(dev, replay);
     let peak = (!events.is_empty()).then(|| PeakReport {
         allocated_bytes: replay.peak_allocated.0,
@@ -731,8 +736,9 @@ fn device_report(
         verdict: None,
         holder: None,
         notes,
-        chart: chart::of(replay),
+        chart: chart::of(replay, &dev.events),
         segment_map: chart::segment_map(&state),
+        live_stacks,
         facts: facts::Facts::default(),
     };
     report.observed = observed::summarize(dev, Some(replay), report.time_us);
@@ -788,7 +794,7 @@ fn live_allocations(
     state: &State,
     time_us: Option<i64>,
     top: usize,
-) -> (Vec<Allocation>, Vec<StackGroup>, usize, (usize, u64)) {
+) -> (Vec<Allocation>, StackShares, usize, (usize, u64)) {
     let events = &dev.events;
     let now = time_us.or_else(|| events.iter().rev().find_map(|e| e.time_us()));
     let mut live: Vec<Allocation> = state
@@ -821,9 +827,12 @@ fn live_allocations(
     (live, by_stack, live_count, no_stack)
 }
 
+/// The `top` stack groups, and every live stack's bytes, largest first.
+type StackShares = (Vec<StackGroup>, Vec<(StackId, u64)>);
+
 /// Live bytes per allocating stack, the `top` largest, each named by as many callers as it takes to tell the
-/// listed stacks apart (at least 3, at most 8).
-fn stack_groups(tl: &Timeline, live: &[Allocation], top: usize) -> Vec<StackGroup> {
+/// listed stacks apart (at least 3, at most 8); and every stack's bytes, largest first.
+fn stack_groups(tl: &Timeline, live: &[Allocation], top: usize) -> StackShares {
     let mut groups: FxHashMap<StackId, (u64, usize)> = FxHashMap::default();
     for a in live {
         let g = groups.entry(a.stack_id).or_default();
@@ -842,6 +851,7 @@ fn stack_groups(tl: &Timeline, live: &[Allocation], top: usize) -> Vec<StackGrou
         })
         .collect();
     by_stack.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack_id.cmp(&b.stack_id)));
+    let all = by_stack.iter().map(|g| (g.stack_id, g.bytes)).collect();
     by_stack.truncate(top);
     let mut depth = 3;
     while depth < 8 {
@@ -857,7 +867,7 @@ fn stack_groups(tl: &Timeline, live: &[Allocation], top: usize) -> Vec<StackGrou
         g.callers = user_chain(tl, g.stack_id, depth);
         g.stack = stack_frames(tl, g.stack_id).iter().map(FrameView::full).collect();
     }
-    by_stack
+    (by_stack, all)
 }
 
 /// What the trace holds (entries per action, its span) and how completely the replay could follow it.

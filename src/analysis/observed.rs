@@ -208,6 +208,7 @@ pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
         notes,
         chart: None,
         segment_map: None,
+        live_stacks: Vec::new(),
         facts: Facts::default(),
     };
     report.facts = text_only_facts(&report);

@@ -1,10 +1,12 @@
 //! One self-contained HTML page: the verdict and findings first, then per GPU the timeline as an inline SVG
-//! (allocated and reserved, reduced to at most [`crate::analysis::chart::BUCKETS`] buckets in Rust), the state at
-//! the moment, live memory by allocating stack and the largest allocations with their stacks. No script, no
-//! external resource of any kind: it opens offline in any browser, and an incident ticket can carry it.
+//! (allocated and reserved, reduced to at most [`crate::analysis::chart::BUCKETS`] buckets in Rust; memory outside
+//! PyTorch when nvidia-smi saw it), the state at the moment, the segment map, live memory by allocating stack as a
+//! table and a flame graph (`html_flame`), and the largest allocations with their stacks. Nothing is loaded from
+//! anywhere: it opens offline in any browser, and an incident ticket can carry it.
 //!
-//! Hand-written SVG rather than a chart library: a library would be hundreds of KB inside every report and a script
-//! to run; the picture needs a filled area, a line, markers and hover text, which SVG has natively (`<title>`).
+//! Hand-written SVG rather than a chart library: a library would be hundreds of KB inside every report; the
+//! picture needs filled areas, lines, rectangles and hover text, which SVG has natively (`<title>`). Everything is
+//! drawn here, so the page reads without its one small inline script, which only zooms and pans what is drawn.
 
 use std::fmt::Write;
 
@@ -46,7 +48,36 @@ svg.timeline{width:100%;height:auto;border:1px solid var(--line);border-radius:4
 svg .res{fill:none;stroke:var(--res);stroke-width:1.5}svg .hit{fill:transparent}svg .hit:hover{fill:rgba(127,127,127,.18)}svg text{fill:var(--dim);font-size:11px}\
 .legend span{margin-right:1rem}.sw{display:inline-block;width:.8rem;height:.8rem;margin-right:.3rem;vertical-align:middle}\
 .blk-alloc{fill:var(--alloc);background:var(--alloc)}.blk-pending{fill:var(--res);background:var(--res)}.blk-free{fill:#98a2b3;fill-opacity:.45;background:#98a2b3}.blk-req{fill:var(--err);background:var(--err)}\
-svg.segments{width:100%;height:auto}details summary{cursor:pointer}pre{margin:.25rem 0;white-space:pre-wrap}footer{margin-top:3rem;color:var(--dim);font-size:.8rem}";
+svg.segments{width:100%;height:auto}svg.timeline{cursor:grab;touch-action:none}svg .zoom *{vector-effect:non-scaling-stroke}svg .outside{fill:none;stroke:#7c3aed;stroke-width:1.5;stroke-dasharray:2 2}svg.flame{width:100%;height:auto;cursor:pointer}svg.flame text{fill:#1d2430;font:11px ui-monospace,Menlo,monospace;pointer-events:none}svg.flame .fl:hover rect{stroke:#1d2430;stroke-width:1}.t0{fill:#d0d5dd;background:#d0d5dd}.t1{fill:#c6ccd6;background:#c6ccd6}.t2{fill:#fb923c;background:#fb923c}.t3{fill:#f59e0b;background:#f59e0b}.t4{fill:#f87171;background:#f87171}.t5{fill:#fbbf24;background:#fbbf24}.t6{fill:#fdba74;background:#fdba74}.t7{fill:#fca5a5;background:#fca5a5}details summary{cursor:pointer}pre{margin:.25rem 0;white-space:pre-wrap}footer{margin-top:3rem;color:var(--dim);font-size:.8rem}";
+
+/// The page's only script, inline: zoom and pan on the timelines (wheel, drag, double-click to reset) and zoom on
+/// the flame graphs (click a frame, double-click for all). The page reads fully without it.
+const SCRIPT: &str = r#"(()=>{"use strict";
+const svgX=(svg,ev)=>{const r=svg.getBoundingClientRect();return (ev.clientX-r.left)*svg.viewBox.baseVal.width/r.width;};
+for(const svg of document.querySelectorAll("svg.timeline")){
+const L=+svg.dataset.left,W=+svg.dataset.w,N=+svg.dataset.events,z=svg.querySelector("g.zoom");
+const pinned=[...svg.querySelectorAll("[data-x]")],e0=svg.querySelector(".ev0"),e1=svg.querySelector(".ev1"),e1text=e1.textContent;
+let s=1,t=0,drag=null;
+const ev=x=>Math.max(0,Math.min(N,Math.round(((x-t)/s-L)/(W-L)*N)));
+const apply=()=>{s=Math.max(1,Math.min(s,4000));t=Math.min(L*(1-s),Math.max(W*(1-s),t));
+z.setAttribute("transform","translate("+t.toFixed(3)+" 0) scale("+s.toFixed(5)+" 1)");
+for(const p of pinned){const x=t+s*(+p.dataset.x);p.setAttribute("x",x.toFixed(1));p.style.display=(x<L||x>W)?"none":"";}
+e0.textContent="event "+ev(L);e1.textContent=s>1?"event "+ev(W):e1text;};
+svg.addEventListener("wheel",e=>{e.preventDefault();const x=svgX(svg,e),f=Math.exp(-e.deltaY*0.002);t=x-(x-t)*f;s*=f;apply();},{passive:false});
+svg.addEventListener("pointerdown",e=>{drag={x:svgX(svg,e),t:t};svg.setPointerCapture(e.pointerId);});
+svg.addEventListener("pointermove",e=>{if(drag){t=drag.t+svgX(svg,e)-drag.x;apply();}});
+svg.addEventListener("pointerup",()=>{drag=null;});
+svg.addEventListener("dblclick",()=>{s=1;t=0;apply();});}
+for(const svg of document.querySelectorAll("svg.flame")){
+const W=+svg.dataset.w,gs=[...svg.querySelectorAll("g[data-a]")];
+const fit=(l,w)=>{const n=w<6?0:Math.floor((w-6)/6.6);return n<3?"":[...l].length<=n?l:[...l].slice(0,n-1).join("")+"\u2026";};
+const zoom=(a,b)=>{for(const g of gs){const x0=(+g.dataset.a-a)/(b-a),x1=(+g.dataset.b-a)/(b-a);
+if(x1<=0||x0>=1||(x1-x0)*W<0.3){g.style.display="none";continue;}
+g.style.display="";const c0=Math.max(0,x0)*W,w=(Math.min(1,x1)-Math.max(0,x0))*W,r=g.querySelector("rect"),tx=g.querySelector("text");
+r.setAttribute("x",c0.toFixed(1));r.setAttribute("width",Math.max(w-1,0.5).toFixed(1));tx.setAttribute("x",(c0+3).toFixed(1));tx.textContent=fit(g.dataset.l,w);}};
+svg.addEventListener("click",e=>{const g=e.target.closest("g[data-a]");if(g)zoom(+g.dataset.a,+g.dataset.b);});
+svg.addEventListener("dblclick",()=>zoom(0,1));}
+})();"#;
 
 /// The whole page around `body`.
 pub fn document(title: &str, body: &str) -> String {
@@ -54,7 +85,7 @@ pub fn document(title: &str, body: &str) -> String {
         "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<meta name=\"viewport\" \
          content=\"width=device-width, initial-scale=1\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n\
          <body>\n{body}<footer>Made by oomdoc {} from the files named above; this page loads nothing from the \
-         network.</footer>\n</body>\n</html>\n",
+         network.</footer>\n<script>{SCRIPT}</script>\n</body>\n</html>\n",
         esc(title),
         env!("CARGO_PKG_VERSION")
     )
@@ -129,7 +160,68 @@ pub fn fragment(a: &Analysis, tl: &Timeline) -> String {
     for d in &a.devices {
         device(&mut o, d, tl);
     }
+    if let Some(line) = sections::other_gpus_line(&a.other_gpus) {
+        let _ = writeln!(o, "<p class=\"dim\">{}</p>", esc(&line));
+    }
+    if let Some(s) = &a.serving {
+        lines_section(
+            &mut o,
+            "serving",
+            &format!("Serving engine (vLLM) <span class=\"dim\">{}</span>", esc(&s.sources.join(", "))),
+            &sections::serving_lines(s),
+        );
+    }
+    if let Some(p) = &a.profile {
+        lines_section(
+            &mut o,
+            "profile",
+            "Profiler exports (Nsight Systems / Nsight Compute)",
+            &sections::profile_lines(p),
+        );
+    }
     o
+}
+
+/// A section of the text report's lines, kept as lines (their columns line up in a monospace block).
+fn lines_section(o: &mut String, id: &str, heading: &str, lines: &[String]) {
+    let _ = writeln!(o, "<section id=\"{id}\">\n<h2>{heading}</h2>\n<pre>");
+    for line in lines {
+        let _ = writeln!(o, "{}", esc(line));
+    }
+    let _ = writeln!(o, "</pre>\n</section>");
+}
+
+/// The budget's prediction beside what the snapshot holds, per category (`analyze --model …`).
+fn budget_table(o: &mut String, c: &crate::analysis::prediction::Comparison) {
+    let _ = writeln!(
+        o,
+        "<h3>Predicted vs measured <span class=\"dim\">(budget for {}: {})</span></h3>\n<table class=\"budget\">\n\
+         <tr><th>category</th><th>predicted</th><th>measured</th><th>measured / predicted</th></tr>",
+        esc(&c.model),
+        esc(&c.run)
+    );
+    for r in &c.rows {
+        let _ = writeln!(
+            o,
+            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+            esc(&r.category.replace('_', " ")),
+            bytes(r.predicted_bytes),
+            bytes(r.measured_bytes),
+            r.ratio.map_or("–".to_string(), |x| format!("{x:.2}×"))
+        );
+    }
+    if c.unknown_bytes > 0 {
+        let _ = writeln!(
+            o,
+            "<tr><td>uncategorised</td><td class=\"num\">–</td><td class=\"num\">{}</td><td>could belong to any row</td></tr>",
+            bytes(c.unknown_bytes)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "<tr><td>outside PyTorch</td><td class=\"num\">{}</td><td class=\"num\">–</td><td>CUDA context, NCCL: not in a snapshot</td></tr>\n</table>",
+        bytes(c.outside_allocator_bytes)
+    );
 }
 
 fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
@@ -233,6 +325,10 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
             );
         }
         let _ = writeln!(o, "</table>");
+    }
+    super::html_flame::section(o, d, tl);
+    if let Some(c) = &d.budget {
+        budget_table(o, c);
     }
     if !d.top_allocations.is_empty() {
         let _ = writeln!(o, "<h3>Largest live allocations</h3>");
@@ -349,15 +445,30 @@ const H: f64 = 260.0;
 const LEFT: f64 = 70.0;
 const BOTTOM: f64 = 24.0;
 
-/// Allocated (area) and reserved (line) over the trace, the OOM and the peak marked, each bucket a hover target.
+/// Allocated (area) and reserved (line) over the trace, memory outside PyTorch when nvidia-smi saw it, the OOM and
+/// the peak marked, each bucket a hover target. The plot sits in a nested `<svg>` (which clips it) inside a group
+/// the page's script scales and shifts to zoom and pan; labels that must not stretch carry their unzoomed `data-x`.
 fn timeline(o: &mut String, d: &DeviceReport, c: &Chart) {
     let n = c.alloc_max.len().max(1);
-    let top = (c.top() as f64 * 1.05).max(1.0);
+    // Memory outside PyTorch, placed by time on the buckets (only samples inside the trace).
+    let outside: Vec<(usize, u64)> = d
+        .observed
+        .as_ref()
+        .map(|obs| {
+            obs.non_pytorch_series.iter().filter_map(|&(t, b)| Some((c.bucket_at(t)?, b.max(0) as u64))).collect()
+        })
+        .unwrap_or_default();
+    let top = (c.top().max(outside.iter().map(|p| p.1).max().unwrap_or(0)) as f64 * 1.05).max(1.0);
     let x = |i: usize| LEFT + (W - LEFT) * i as f64 / n as f64;
     let y = |v: u64| H - BOTTOM - (H - BOTTOM - 8.0) * v as f64 / top;
     let _ = writeln!(
         o,
-        "<figure>\n<svg class=\"timeline\" viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"allocated and reserved memory over the trace\">"
+        "<figure>\n<svg class=\"timeline\" viewBox=\"0 0 {W} {H}\" data-left=\"{LEFT}\" data-w=\"{W}\" data-events=\"{}\" \
+         role=\"img\" aria-label=\"allocated and reserved memory over the trace\">\n\
+         <svg x=\"{LEFT}\" y=\"0\" width=\"{}\" height=\"{H}\" viewBox=\"{LEFT} 0 {} {H}\"><g class=\"zoom\">",
+        c.events,
+        W - LEFT,
+        W - LEFT
     );
     // The allocated band: up along the highest value of each bucket, back along the lowest.
     let mut area = String::new();
@@ -373,12 +484,66 @@ fn timeline(o: &mut String, d: &DeviceReport, c: &Chart) {
         let _ = write!(res, "{:.1},{:.1} {:.1},{:.1} ", x(i), y(c.reserved_max[i]), x(i + 1), y(c.reserved_max[i]));
     }
     let _ = writeln!(o, "<polyline class=\"res\" points=\"{}\"/>", res.trim_end());
-    // Axis: zero, the top, and the trace's length.
+    if !outside.is_empty() {
+        let points: Vec<String> =
+            outside.iter().map(|&(i, b)| format!("{:.1},{:.1}", (x(i) + x(i + 1)) / 2.0, y(b))).collect();
+        let _ = writeln!(o, "<polyline class=\"outside\" points=\"{}\"/>", points.join(" "));
+    }
+    let mut labels = String::new();
+    let mut mark = |event: Option<u32>, color: &str, label: &str, row: f64| {
+        let Some(e) = event else { return };
+        let bx = x(c.bucket_of(e)) + (W - LEFT) / n as f64 / 2.0;
+        // Near the right edge the label goes to the line's left, so it is not cut off.
+        let (dx, anchor) = if bx > W - 80.0 { (-4.0, "end") } else { (4.0, "start") };
+        let _ = writeln!(
+            o,
+            "<line x1=\"{bx:.1}\" y1=\"8\" x2=\"{bx:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>",
+            y(0),
+        );
+        let _ = writeln!(
+            labels,
+            "<text x=\"{:.1}\" data-x=\"{:.1}\" y=\"{row}\" text-anchor=\"{anchor}\" style=\"fill:{color}\">{label}</text>",
+            bx + dx,
+            bx + dx
+        );
+    };
+    mark(d.oom.as_ref().and_then(|oom| oom.event_index), "var(--err)", "OOM", 18.0);
+    mark(d.peak.as_ref().and_then(|p| p.event_index), "var(--res)", "peak", 32.0);
+    if let Some(e) = d.event_index.filter(|_| matches!(d.moment, Moment::Time)) {
+        mark(Some(e), "var(--fg)", "the moment", 46.0);
+    }
+    // Hover: each bucket's figures.
+    let outside_at: rustc_hash::FxHashMap<usize, u64> = outside.iter().copied().collect();
+    for i in 0..n {
+        let first = i * c.per;
+        let last = ((i + 1) * c.per).min(c.events).saturating_sub(1);
+        let alloc = if c.alloc_min[i] == c.alloc_max[i] {
+            bytes(c.alloc_max[i])
+        } else {
+            format!("{}–{}", bytes(c.alloc_min[i]), bytes(c.alloc_max[i]))
+        };
+        let events = if first == last { format!("event {first}") } else { format!("events {first}–{last}") };
+        let time = match (c.time_us.get(i).copied().flatten(), d.trace.first_time_us) {
+            (Some(t), Some(t0)) => format!(" ({} in)", duration_us(t - t0)),
+            _ => String::new(),
+        };
+        let out = outside_at.get(&i).map_or(String::new(), |b| format!(", outside PyTorch {}", bytes(*b)));
+        let _ = writeln!(
+            o,
+            "<rect class=\"hit\" x=\"{:.1}\" y=\"0\" width=\"{:.2}\" height=\"{:.1}\"><title>{events}{time}: allocated {alloc}, reserved {}{out}</title></rect>",
+            x(i),
+            (W - LEFT) / n as f64,
+            y(0),
+            bytes(c.reserved_max[i])
+        );
+    }
+    let _ = writeln!(o, "</g>\n{labels}</svg>");
+    // Axis: zero, the top, and the events shown (the script rewrites them as it zooms).
     let _ = writeln!(
         o,
         "<line x1=\"{LEFT}\" y1=\"{:.1}\" x2=\"{W}\" y2=\"{:.1}\" stroke=\"currentColor\" stroke-opacity=\".3\"/>\
-         <text x=\"4\" y=\"{:.1}\">0</text><text x=\"4\" y=\"14\">{}</text><text x=\"{LEFT}\" y=\"{:.1}\">event 0</text>\
-         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{} events{}</text>",
+         <text x=\"4\" y=\"{:.1}\">0</text><text x=\"4\" y=\"14\">{}</text><text class=\"ev0\" x=\"{LEFT}\" y=\"{:.1}\">event 0</text>\
+         <text class=\"ev1\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{} events{}</text>",
         y(0),
         y(0),
         y(0),
@@ -389,43 +554,16 @@ fn timeline(o: &mut String, d: &DeviceReport, c: &Chart) {
         c.events,
         d.trace.span_us.map_or(String::new(), |s| format!(", {}", duration_us(s)))
     );
-    let mut mark = |event: Option<u32>, color: &str, label: &str, row: f64| {
-        let Some(e) = event else { return };
-        let bx = x(c.bucket_of(e)) + (W - LEFT) / n as f64 / 2.0;
-        // Near the right edge the label goes to the line's left, so it is not cut off.
-        let (tx, anchor) = if bx > W - 80.0 { (bx - 4.0, "end") } else { (bx + 4.0, "start") };
-        let _ = writeln!(
-            o,
-            "<line x1=\"{bx:.1}\" y1=\"8\" x2=\"{bx:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>\
-             <text x=\"{tx:.1}\" y=\"{row}\" text-anchor=\"{anchor}\" style=\"fill:{color}\">{label}</text>",
-            y(0),
-        );
+    let outside_legend = if outside.is_empty() {
+        ""
+    } else {
+        "<span><i class=\"sw\" style=\"background:#7c3aed\"></i>outside PyTorch (nvidia-smi used − reserved)</span>"
     };
-    mark(d.oom.as_ref().and_then(|oom| oom.event_index), "var(--err)", "OOM", 18.0);
-    mark(d.peak.as_ref().and_then(|p| p.event_index), "var(--res)", "peak", 32.0);
-    // Hover: each bucket's figures.
-    for i in 0..n {
-        let first = i * c.per;
-        let last = ((i + 1) * c.per).min(c.events).saturating_sub(1);
-        let alloc = if c.alloc_min[i] == c.alloc_max[i] {
-            bytes(c.alloc_max[i])
-        } else {
-            format!("{}–{}", bytes(c.alloc_min[i]), bytes(c.alloc_max[i]))
-        };
-        let events = if first == last { format!("event {first}") } else { format!("events {first}–{last}") };
-        let _ = writeln!(
-            o,
-            "<rect class=\"hit\" x=\"{:.1}\" y=\"0\" width=\"{:.2}\" height=\"{:.1}\"><title>{events}: allocated {alloc}, reserved {}</title></rect>",
-            x(i),
-            (W - LEFT) / n as f64,
-            y(0),
-            bytes(c.reserved_max[i])
-        );
-    }
     let _ = writeln!(
         o,
         "</svg>\n<figcaption class=\"legend dim\"><span><i class=\"sw\" style=\"background:var(--alloc)\"></i>allocated \
-         (lowest to highest in each of {n} steps of {} events)</span><span><i class=\"sw\" style=\"background:var(--res)\"></i>reserved</span></figcaption>\n</figure>",
+         (lowest to highest in each of {n} steps of {} events)</span><span><i class=\"sw\" style=\"background:var(--res)\"></i>reserved</span>{outside_legend}\
+         <span>wheel to zoom, drag to pan, double-click to reset; hover for the numbers</span></figcaption>\n</figure>",
         c.per
     );
 }

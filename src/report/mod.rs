@@ -4,6 +4,7 @@ pub mod budget;
 pub mod diff;
 pub mod facts_table;
 pub mod html;
+mod html_flame;
 pub mod job_view;
 pub(crate) mod markdown;
 pub mod rule_list;

@@ -39,4 +39,34 @@ distinct = len(set(raw[i:i + 3] for i in range(0, min(len(raw), 4_000_000), 3)))
 sys.exit(0 if distinct > 50 else 1)
 PY
 [ -n "${OOMDOC_SCREENSHOT:-}" ] && cp "$dir/shot.png" "$OOMDOC_SCREENSHOT"
-echo "html e2e: ok (no network, verdict and OOM request in the DOM, no console errors, screenshot not blank)"
+
+# The page's script at work: the same report with a driver appended that clicks a flame-graph frame, double-clicks
+# back, and turns the wheel over the timeline, then writes what it saw into the DOM.
+sed 's#</body>#<script>(()=>{const out=[];\
+const fl=document.querySelector("svg.flame"),gs=[...fl.querySelectorAll("g[data-a]")];\
+const body=gs.find(g=>g.querySelector("text").textContent.startsWith("body (capture/leaked_references.py:18)"));\
+body.dispatchEvent(new MouseEvent("click",{bubbles:true}));\
+out.push("zoomed-width="+Math.round(+body.querySelector("rect").getAttribute("width")));\
+out.push("hidden="+gs.filter(g=>g.style.display==="none").length);\
+fl.dispatchEvent(new MouseEvent("dblclick",{bubbles:true}));\
+out.push("reset-hidden="+gs.filter(g=>g.style.display==="none").length);\
+const tl=document.querySelector("svg.timeline"),r=tl.getBoundingClientRect();\
+tl.dispatchEvent(new WheelEvent("wheel",{deltaY:-600,clientX:r.left+r.width*0.75,clientY:r.top+10,bubbles:true,cancelable:true}));\
+out.push("transform="+tl.querySelector("g.zoom").getAttribute("transform"));\
+out.push("first-event="+tl.querySelector(".ev0").textContent);\
+const p=document.createElement("pre");p.id="e2e";p.textContent=out.join(" ");document.body.appendChild(p);})();</script></body>#' \
+  "$dir/report.html" > "$dir/driven.html"
+timeout 120 "$chromium" "${flags[@]}" --window-size=1280,1100 --dump-dom "file://$dir/driven.html" \
+  > "$dir/driven-dom.html" 2> "$dir/driven-console.txt"
+seen=$(grep -o '<pre id="e2e">[^<]*' "$dir/driven-dom.html" | sed 's/<pre id="e2e">//')
+[ -n "$seen" ] || fail "the driver saw nothing: $(grep -E 'Uncaught|CONSOLE' "$dir/driven-console.txt" | head -2)"
+echo "html e2e: driven: $seen"
+echo "$seen" | grep -q 'zoomed-width=1199' || fail "a clicked frame does not fill the width"
+echo "$seen" | grep -Eq 'hidden=[1-9]' || fail "zooming hid no frame outside the clicked one"
+echo "$seen" | grep -q 'reset-hidden=0 ' || fail "double-click did not bring every frame back"
+echo "$seen" | grep -Eq 'scale\((1\.[0-9]*[1-9][0-9]*|[2-9][0-9.]*) 1\)' || fail "the wheel did not zoom the timeline"
+echo "$seen" | grep -q 'first-event=event 0$' && fail "the axis did not follow the zoom"
+if grep -E 'Uncaught|ERR_' "$dir/driven-console.txt" | grep -v -E 'google|gvt1|gstatic' > "$dir/errors.txt"; then
+  [ -s "$dir/errors.txt" ] && fail "console errors while driven: $(head -3 "$dir/errors.txt")"
+fi
+echo "html e2e: ok (no network, verdict and OOM request in the DOM, no console errors, screenshot not blank, flame zoom and timeline zoom work)"

@@ -66,7 +66,10 @@ fn a_real_oom_page_leads_with_the_verdict_and_shows_the_timeline() {
     let buckets = html.matches("<rect class=\"hit\"").count();
     assert!((1000..=1200).contains(&buckets), "{buckets} buckets for 9,372 events");
     assert!(html.contains(">OOM</text>") && html.contains(">peak</text>"));
-    assert!(html.contains("<title>events 9360–9367: allocated"), "hover text names events and bytes");
+    assert!(
+        html.contains("<title>events 9360–9367 (4.27 s in): allocated 2.94 GiB–2.96 GiB"),
+        "hover: events, time, bytes"
+    );
     // Live memory by stack and the largest allocations with their stacks.
     assert!(html.contains("<h3>Live memory by allocating stack</h3>"));
     assert!(html.contains("<details class=\"allocation\"><summary><code>"));
@@ -109,4 +112,80 @@ fn the_segment_map_shows_fragmentation_beside_the_failed_request() {
     assert_eq!(html.matches("<rect class=\"blk-free\"").count(), 16, "a free run per segment, and the largest block");
     assert!(html.contains("<title>failed request: 400 MiB</title>"));
     assert!(html.contains("<title>largest free block: 156 MiB</title>"));
+}
+
+/// `(data-a, data-b, title)` of every flame-graph frame on the page.
+fn flame_frames(html: &str) -> Vec<(f64, f64, String)> {
+    html.split("<g class=\"fl t")
+        .skip(1)
+        .map(|g| {
+            let attr = |name: &str| {
+                let at = g.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+                g[at..at + g[at..].find('"').unwrap()].to_string()
+            };
+            let title = &g[g.find("<title>").unwrap() + 7..g.find("</title>").unwrap()];
+            (attr("data-a").parse().unwrap(), attr("data-b").parse().unwrap(), title.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_flame_graph_shares_live_memory_out_by_allocating_stack() {
+    let html = page("flame", &["fixtures/real-gpu/leaked-references/snapshot.pickle"]);
+    assert_balanced(&html);
+    assert_eq!(html.matches("<svg class=\"flame\"").count(), 1);
+    let frames = flame_frames(&html);
+    // The root is all live memory (the report's allocated bytes), the whole width.
+    assert_eq!((frames[0].0, frames[0].1), (0.0, 1.0));
+    assert!(frames[0].2.starts_with("all live memory at the moment: 2.97 GiB"), "{}", frames[0].2);
+    // The leaking line holds 2.49 GiB of it under run(), as the text report's stack table adds up (1.15 + 1.15 +
+    // 196 MiB), and its width is its share.
+    let leak = frames.iter().find(|f| f.2.starts_with("body (capture/leaked_references.py:18) — ")).unwrap();
+    assert!(leak.2.ends_with("2.49 GiB (84% of live memory)"), "{}", leak.2);
+    assert!((leak.1 - leak.0 - 0.84).abs() < 0.005, "{leak:?}");
+    // Children never stick out of their parent: every frame lies inside [0, 1] and inside some wider frame.
+    for f in &frames[1..] {
+        assert!(f.0 >= 0.0 && f.1 <= 1.000_001 && f.0 < f.1, "{f:?}");
+        assert!(frames.iter().any(|p| p.0 <= f.0 && p.1 >= f.1 - 1e-6 && p.1 - p.0 >= f.1 - f.0), "{f:?}");
+    }
+    // One inline script (zoom and pan), nothing fetched.
+    assert_eq!(html.matches("<script>").count(), 1);
+    assert_offline(&html);
+}
+
+#[test]
+fn memory_outside_pytorch_profiles_and_the_budget_are_on_the_page() {
+    // nvidia-smi beside the snapshot: memory outside PyTorch drawn on the timeline.
+    let html = page(
+        "smi",
+        &["fixtures/real-gpu/leaked-references/snapshot.pickle", "fixtures/real-gpu/leaked-references/nvidia-smi.csv"],
+    );
+    assert_balanced(&html);
+    assert!(html.contains("<polyline class=\"outside\" points=\""));
+    assert!(html.contains("outside PyTorch (nvidia-smi used − reserved)"));
+    assert!(html.contains(", outside PyTorch 751 MiB</title>"), "hover at the OOM's bucket names it");
+    // An Nsight Systems export: its section.
+    let html = page(
+        "nsys",
+        &["fixtures/real-gpu/leaked-references/snapshot.pickle", "fixtures/profilers/ddp_accum_cuda_gpu_trace.csv"],
+    );
+    assert_balanced(&html);
+    assert!(html.contains("<section id=\"profile\">\n<h2>Profiler exports (Nsight Systems / Nsight Compute)</h2>"));
+    // A model given: the budget's prediction beside what was measured.
+    let html = page(
+        "budget",
+        &[
+            "fixtures/real-gpu/leaked-references/snapshot.pickle",
+            "--params",
+            "25M",
+            "--train",
+            "--batch",
+            "8",
+            "--seq",
+            "512",
+        ],
+    );
+    assert_balanced(&html);
+    assert!(html.contains("<table class=\"budget\">"));
+    assert!(html.contains("<tr><th>category</th><th>predicted</th><th>measured</th>"));
 }
