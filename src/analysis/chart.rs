@@ -17,6 +17,10 @@ pub struct Chart {
     pub reserved_max: Vec<u64>,
     /// The time of each bucket's first event that has one (µs, the trace's clock): places nvidia-smi samples.
     pub time_us: Vec<Option<i64>>,
+    /// Allocated bytes by category at each bucket's highest point, when asked for ([`split_by_category`]): the
+    /// categories (largest at the peak first), and per bucket their bytes in that order, summing to `alloc_max`.
+    pub categories: Vec<&'static str>,
+    pub by_category: Vec<Vec<u64>>,
 }
 
 impl Chart {
@@ -56,7 +60,86 @@ pub fn of(replay: &Replay, events: &[crate::timeline::Event]) -> Option<Chart> {
     let mut reserved_max = replay.reserved_series.chunk_max(per);
     reserved_max.resize(alloc_max.len(), reserved_max.last().copied().unwrap_or(0));
     let time_us = events.chunks(per).map(|chunk| chunk.iter().find_map(|e| e.time_us())).collect();
-    Some(Chart { per, events: series.len(), alloc_min, alloc_max, reserved_max, time_us })
+    Some(Chart {
+        per,
+        events: series.len(),
+        alloc_min,
+        alloc_max,
+        reserved_max,
+        time_us,
+        categories: Vec::new(),
+        by_category: Vec::new(),
+    })
+}
+
+/// Splits each bucket's highest allocated bytes by category: one pass over the trace from the replay's state before
+/// it (blocks live since before the trace keep the category of the stack that allocated them), following each
+/// block's category from its allocation to its free. The allocator rounds, so the walk's bytes are scaled to the
+/// replay's exact total at that event.
+pub fn split_by_category(c: &mut Chart, replay: &Replay, cache: &mut crate::analysis::categories::CategoryCache) {
+    use crate::analysis::categories::CATEGORIES;
+    use crate::timeline::Action;
+    let series = &replay.allocated_series;
+    let events = &replay.device().events;
+    if series.len() != events.len() || series.is_empty() {
+        return;
+    }
+    let index = |name: &str| CATEGORIES.iter().position(|c| *c == name).unwrap_or(CATEGORIES.len() - 1);
+    let mut live: rustc_hash::FxHashMap<u64, (u8, u64)> = rustc_hash::FxHashMap::default();
+    let mut totals = vec![0u64; CATEGORIES.len()];
+    let start = replay.state_at(None);
+    for (_, addr, b) in start.allocated_blocks() {
+        let k = index(cache.of(b.stack));
+        live.insert(addr, (k as u8, b.size));
+        totals[k] += b.size;
+    }
+    // The event of each bucket's highest allocated value.
+    let peaks: Vec<usize> = series
+        .chunks(c.per)
+        .enumerate()
+        .map(|(i, chunk)| {
+            i * c.per + chunk.iter().enumerate().max_by_key(|(j, v)| (**v, std::cmp::Reverse(*j))).map_or(0, |m| m.0)
+        })
+        .collect();
+    let mut split = Vec::with_capacity(peaks.len());
+    let mut next = 0;
+    for (i, e) in events.iter().enumerate() {
+        match e.action {
+            Action::Alloc => {
+                let k = index(cache.of(e.stack));
+                let size = replay.rules.round(e.size);
+                if let Some((old_k, old)) = live.insert(e.addr, (k as u8, size)) {
+                    totals[old_k as usize] -= old.min(totals[old_k as usize]);
+                }
+                totals[k] += size;
+            }
+            Action::FreeRequested | Action::FreeCompleted => {
+                if let Some((k, size)) = live.remove(&e.addr) {
+                    totals[k as usize] -= size.min(totals[k as usize]);
+                }
+            }
+            _ => {}
+        }
+        while next < peaks.len() && peaks[next] == i {
+            let sum: u64 = totals.iter().sum();
+            let exact = series[i];
+            let scaled: Vec<u64> = if sum == 0 {
+                let mut v = vec![0; totals.len()];
+                *v.last_mut().expect("categories") = exact;
+                v
+            } else {
+                totals.iter().map(|&t| (t as u128 * exact as u128 / sum as u128) as u64).collect()
+            };
+            split.push(scaled);
+            next += 1;
+        }
+    }
+    // Categories that ever hold memory, largest at the chart's top first.
+    let top = c.alloc_max.iter().enumerate().max_by_key(|(_, v)| **v).map_or(0, |m| m.0);
+    let mut used: Vec<usize> = (0..CATEGORIES.len()).filter(|&k| split.iter().any(|v| v[k] > 0)).collect();
+    used.sort_by_key(|&k| std::cmp::Reverse(split.get(top).map_or(0, |v| v[k])));
+    c.categories = used.iter().map(|&k| CATEGORIES[k]).collect();
+    c.by_category = split.iter().map(|v| used.iter().map(|&k| v[k]).collect()).collect();
 }
 
 /// Segments drawn: the largest ones (a map of thousands of segments would be a texture, not a picture).

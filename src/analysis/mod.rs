@@ -81,11 +81,13 @@ pub struct Options {
     pub device: Option<i64>,
     /// The GPU's total memory, when known: sizes the memory outside PyTorch.
     pub gpu_memory: Option<u64>,
+    /// Split the chart's allocated bytes by category (one more pass over the trace: only the HTML report draws it).
+    pub chart_categories: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { at: At::Auto, top: 10, device: None, gpu_memory: None }
+        Options { at: At::Auto, top: 10, device: None, gpu_memory: None, chart_categories: false }
     }
 }
 
@@ -597,6 +599,11 @@ fn analyze_device<'t>(
     report.by_category = by_category;
     report.facts = facts;
     report.holder = verdict::holder(tl, &report, &state, &mut cache);
+    if opts.chart_categories {
+        if let Some(c) = report.chart.as_mut() {
+            chart::split_by_category(c, &replay, &mut cache);
+        }
+    }
     Ok((report, replay))
 }
 

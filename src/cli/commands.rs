@@ -49,14 +49,15 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
         Color::Never => false,
         Color::Auto => to_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
     };
-    let mut options = args.input.job_options(args.top);
-    options.load.defer_snapshot_files = true;
-    let job = Job::read(&options)?;
-    let mut failed = report_failed(&job);
     let format = args
         .format
         .or_else(|| args.output.as_deref().and_then(report::Format::from_file_name))
         .unwrap_or(report::Format::Text);
+    let mut options = args.input.job_options(args.top);
+    options.load.defer_snapshot_files = true;
+    options.analysis.chart_categories = format == report::Format::Html;
+    let job = Job::read(&options)?;
+    let mut failed = report_failed(&job);
     let mut ranks = Vec::new();
     for rank in job.each_rank(|analysed| report::RankOutput::of(format, analysed, color)) {
         match rank {

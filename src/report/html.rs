@@ -48,7 +48,10 @@ svg.timeline{width:100%;height:auto;border:1px solid var(--line);border-radius:4
 svg .res{fill:none;stroke:var(--res);stroke-width:1.5}svg .hit{fill:transparent}svg .hit:hover{fill:rgba(127,127,127,.18)}svg text{fill:var(--dim);font-size:11px}\
 .legend span{margin-right:1rem}.sw{display:inline-block;width:.8rem;height:.8rem;margin-right:.3rem;vertical-align:middle}\
 .blk-alloc{fill:var(--alloc);background:var(--alloc)}.blk-pending{fill:var(--res);background:var(--res)}.blk-free{fill:#98a2b3;fill-opacity:.45;background:#98a2b3}.blk-req{fill:var(--err);background:var(--err)}\
-svg.segments{width:100%;height:auto}svg.timeline{cursor:grab;touch-action:none}svg .zoom *{vector-effect:non-scaling-stroke}svg .outside{fill:none;stroke:#7c3aed;stroke-width:1.5;stroke-dasharray:2 2}svg.flame{width:100%;height:auto;cursor:pointer}svg.flame text{fill:#1d2430;font:11px ui-monospace,Menlo,monospace;pointer-events:none}svg.flame .fl:hover rect{stroke:#1d2430;stroke-width:1}.t0{fill:#d0d5dd;background:#d0d5dd}.t1{fill:#c6ccd6;background:#c6ccd6}.t2{fill:#fb923c;background:#fb923c}.t3{fill:#f59e0b;background:#f59e0b}.t4{fill:#f87171;background:#f87171}.t5{fill:#fbbf24;background:#fbbf24}.t6{fill:#fdba74;background:#fdba74}.t7{fill:#fca5a5;background:#fca5a5}details summary{cursor:pointer}pre{margin:.25rem 0;white-space:pre-wrap}footer{margin-top:3rem;color:var(--dim);font-size:.8rem}";
+svg.segments{width:100%;height:auto}svg.timeline{cursor:grab;touch-action:none}svg .zoom *{vector-effect:non-scaling-stroke}svg .outside{fill:none;stroke:#7c3aed;stroke-width:1.5;stroke-dasharray:2 2}svg .cat{fill-opacity:.75;stroke:none}svg .low{fill:none;stroke:var(--fg);stroke-opacity:.35;stroke-width:1}\
+.cat-parameter{fill:#6366f1;background:#6366f1}.cat-gradient{fill:#22c55e;background:#22c55e}.cat-optimizer_state{fill:#d946ef;background:#d946ef}.cat-activation{fill:#3b82f6;background:#3b82f6}\
+.cat-temporary{fill:#06b6d4;background:#06b6d4}.cat-kv_cache{fill:#ec4899;background:#ec4899}.cat-communication{fill:#14b8a6;background:#14b8a6}.cat-compile{fill:#84cc16;background:#84cc16}.cat-unknown{fill:#94a3b8;background:#94a3b8}\
+svg.flame{width:100%;height:auto;cursor:pointer}svg.flame text{fill:#1d2430;font:11px ui-monospace,Menlo,monospace;pointer-events:none}svg.flame .fl:hover rect{stroke:#1d2430;stroke-width:1}.t0{fill:#d0d5dd;background:#d0d5dd}.t1{fill:#c6ccd6;background:#c6ccd6}.t2{fill:#fb923c;background:#fb923c}.t3{fill:#f59e0b;background:#f59e0b}.t4{fill:#f87171;background:#f87171}.t5{fill:#fbbf24;background:#fbbf24}.t6{fill:#fdba74;background:#fdba74}.t7{fill:#fca5a5;background:#fca5a5}details summary{cursor:pointer}pre{margin:.25rem 0;white-space:pre-wrap}footer{margin-top:3rem;color:var(--dim);font-size:.8rem}";
 
 /// The page's only script, inline: zoom and pan on the timelines (wheel, drag, double-click to reset) and zoom on
 /// the flame graphs (click a frame, double-click for all). The page reads fully without it.
@@ -439,6 +442,37 @@ fn segments(o: &mut String, d: &DeviceReport, map: &SegmentMap) {
     );
 }
 
+/// A step line through one value per bucket (`ys`, already in SVG units), as polygon points: only the corners, so
+/// a flat stretch of a thousand buckets is two points. `reverse` walks it right to left (a band's lower edge).
+fn steps(out: &mut String, x: &dyn Fn(usize) -> f64, ys: &[f64], reverse: bool) {
+    let n = ys.len();
+    if n == 0 {
+        return;
+    }
+    let mut pt = |xv: f64, yv: f64| {
+        let _ = write!(out, "{xv:.1},{yv:.1} ");
+    };
+    if !reverse {
+        pt(x(0), ys[0]);
+        for i in 1..n {
+            if ys[i] != ys[i - 1] {
+                pt(x(i), ys[i - 1]);
+                pt(x(i), ys[i]);
+            }
+        }
+        pt(x(n), ys[n - 1]);
+    } else {
+        pt(x(n), ys[n - 1]);
+        for i in (1..n).rev() {
+            if ys[i] != ys[i - 1] {
+                pt(x(i), ys[i]);
+                pt(x(i), ys[i - 1]);
+            }
+        }
+        pt(x(0), ys[0]);
+    }
+}
+
 /// Width and height of the chart's drawing area, in SVG units.
 const W: f64 = 1200.0;
 const H: f64 = 260.0;
@@ -472,17 +506,34 @@ fn timeline(o: &mut String, d: &DeviceReport, c: &Chart) {
     );
     // The allocated band: up along the highest value of each bucket, back along the lowest.
     let mut area = String::new();
-    for i in 0..n {
-        let _ = write!(area, "{:.1},{:.1} {:.1},{:.1} ", x(i), y(c.alloc_max[i]), x(i + 1), y(c.alloc_max[i]));
+    let ys = |v: &mut dyn Iterator<Item = u64>| -> Vec<f64> { v.map(|b| (y(b) * 10.0).round() / 10.0).collect() };
+    steps(&mut area, &x, &ys(&mut c.alloc_max.iter().copied()), false);
+    steps(&mut area, &x, &ys(&mut c.alloc_min.iter().copied()), true);
+    if c.by_category.len() == n && !c.categories.is_empty() {
+        // Stacked by category at each bucket's highest point, the band's lowest edge drawn over it.
+        let mut below = vec![0u64; n];
+        for (k, cat) in c.categories.iter().enumerate() {
+            let mut pts = String::new();
+            steps(&mut pts, &x, &ys(&mut (0..n).map(|i| below[i] + c.by_category[i][k])), false);
+            steps(&mut pts, &x, &ys(&mut below.iter().copied()), true);
+            for (i, b) in below.iter_mut().enumerate() {
+                *b += c.by_category[i][k];
+            }
+            let _ = writeln!(
+                o,
+                "<polygon class=\"cat cat-{cat}\" points=\"{}\"><title>{}</title></polygon>",
+                pts.trim_end(),
+                cat.replace('_', " ")
+            );
+        }
+        let mut low = String::new();
+        steps(&mut low, &x, &ys(&mut c.alloc_min.iter().copied()), false);
+        let _ = writeln!(o, "<polyline class=\"low\" points=\"{}\"/>", low.trim_end());
+    } else {
+        let _ = writeln!(o, "<polygon class=\"alloc\" points=\"{}\"/>", area.trim_end());
     }
-    for i in (0..n).rev() {
-        let _ = write!(area, "{:.1},{:.1} {:.1},{:.1} ", x(i + 1), y(c.alloc_min[i]), x(i), y(c.alloc_min[i]));
-    }
-    let _ = writeln!(o, "<polygon class=\"alloc\" points=\"{}\"/>", area.trim_end());
     let mut res = String::new();
-    for i in 0..n {
-        let _ = write!(res, "{:.1},{:.1} {:.1},{:.1} ", x(i), y(c.reserved_max[i]), x(i + 1), y(c.reserved_max[i]));
-    }
+    steps(&mut res, &x, &ys(&mut c.reserved_max.iter().copied()), false);
     let _ = writeln!(o, "<polyline class=\"res\" points=\"{}\"/>", res.trim_end());
     if !outside.is_empty() {
         let points: Vec<String> =
@@ -528,9 +579,21 @@ fn timeline(o: &mut String, d: &DeviceReport, c: &Chart) {
             _ => String::new(),
         };
         let out = outside_at.get(&i).map_or(String::new(), |b| format!(", outside PyTorch {}", bytes(*b)));
+        let split = c.by_category.get(i).map_or(String::new(), |v| {
+            let mut parts: Vec<(u64, &str)> =
+                v.iter().zip(&c.categories).filter(|(b, _)| **b > 0).map(|(b, k)| (*b, *k)).collect();
+            parts.sort_by_key(|p| std::cmp::Reverse(p.0));
+            let words: Vec<String> =
+                parts.iter().take(4).map(|(b, k)| format!("{} {}", k.replace('_', " "), bytes(*b))).collect();
+            if words.is_empty() {
+                String::new()
+            } else {
+                format!(" — at the highest: {}", words.join(", "))
+            }
+        });
         let _ = writeln!(
             o,
-            "<rect class=\"hit\" x=\"{:.1}\" y=\"0\" width=\"{:.2}\" height=\"{:.1}\"><title>{events}{time}: allocated {alloc}, reserved {}{out}</title></rect>",
+            "<rect class=\"hit\" x=\"{:.1}\" y=\"0\" width=\"{:.2}\" height=\"{:.1}\"><title>{events}{time}: allocated {alloc}, reserved {}{out}{split}</title></rect>",
             x(i),
             (W - LEFT) / n as f64,
             y(0),
@@ -559,11 +622,27 @@ fn timeline(o: &mut String, d: &DeviceReport, c: &Chart) {
     } else {
         "<span><i class=\"sw\" style=\"background:#7c3aed\"></i>outside PyTorch (nvidia-smi used − reserved)</span>"
     };
+    let allocated_legend = if c.categories.is_empty() {
+        format!(
+            "<span><i class=\"sw\" style=\"background:var(--alloc)\"></i>allocated (lowest to highest in each of {n} \
+             steps of {} events)</span>",
+            c.per
+        )
+    } else {
+        let mut l = String::new();
+        for cat in &c.categories {
+            let _ = write!(l, "<span><i class=\"sw cat-{cat}\"></i>{}</span>", cat.replace('_', " "));
+        }
+        let _ = write!(
+            l,
+            "<span>(allocated at the highest point of each of {n} steps of {} events; the line under it: the lowest)</span>",
+            c.per
+        );
+        l
+    };
     let _ = writeln!(
         o,
-        "</svg>\n<figcaption class=\"legend dim\"><span><i class=\"sw\" style=\"background:var(--alloc)\"></i>allocated \
-         (lowest to highest in each of {n} steps of {} events)</span><span><i class=\"sw\" style=\"background:var(--res)\"></i>reserved</span>{outside_legend}\
-         <span>wheel to zoom, drag to pan, double-click to reset; hover for the numbers</span></figcaption>\n</figure>",
-        c.per
+        "</svg>\n<figcaption class=\"legend dim\">{allocated_legend}<span><i class=\"sw\" style=\"background:var(--res)\"></i>reserved</span>{outside_legend}\
+         <span>wheel to zoom, drag to pan, double-click to reset; hover for the numbers</span></figcaption>\n</figure>"
     );
 }
