@@ -231,8 +231,12 @@ impl RecordShapes {
 /// The first of `shapes` that `rest` matches, trying `last` first.
 #[inline]
 pub(super) fn first_match(shapes: &[Shape], last: usize, rest: &[u8]) -> Option<usize> {
+    // The same order as `(last + k) % n`, without a division per entry: nearly every entry matches `last`.
     let n = shapes.len();
-    (0..n).map(|k| (last + k) % n).find(|&i| shapes[i].matches(rest))
+    if last < n && shapes[last].matches(rest) {
+        return Some(last);
+    }
+    (last.saturating_add(1).min(n)..n).chain(0..last.min(n)).find(|&i| shapes[i].matches(rest))
 }
 
 impl Shape {
