@@ -161,7 +161,9 @@ pub fn fragment(a: &Analysis, tl: &Timeline) -> String {
         let _ = writeln!(o, "</section>");
     }
     for d in &a.devices {
-        device(&mut o, d, tl);
+        let rules: Vec<&str> =
+            a.findings.iter().filter(|f| f.device == Some(d.device)).map(|f| f.rule.as_str()).collect();
+        device(&mut o, d, tl, &rules);
     }
     if let Some(line) = sections::other_gpus_line(&a.other_gpus) {
         let _ = writeln!(o, "<p class=\"dim\">{}</p>", esc(&line));
@@ -227,7 +229,8 @@ fn budget_table(o: &mut String, c: &crate::analysis::prediction::Comparison) {
     );
 }
 
-fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
+/// `rules`: the findings on this GPU, named on the timeline at the moment they describe.
+fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, rules: &[&str]) {
     let moment = match d.moment {
         Moment::Oom => "at the OOM",
         Moment::Peak => "at peak allocated memory",
@@ -249,7 +252,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
         esc(&place)
     );
     if let Some(chart) = &d.chart {
-        timeline(o, d, chart);
+        timeline(o, d, chart, rules);
     }
     if let Some(oom) = &d.oom {
         let _ = writeln!(o, "<div class=\"oom-block\">");
@@ -482,7 +485,7 @@ const BOTTOM: f64 = 24.0;
 /// Allocated (area) and reserved (line) over the trace, memory outside PyTorch when nvidia-smi saw it, the OOM and
 /// the peak marked, each bucket a hover target. The plot sits in a nested `<svg>` (which clips it) inside a group
 /// the page's script scales and shifts to zoom and pan; labels that must not stretch carry their unzoomed `data-x`.
-fn timeline(o: &mut String, d: &DeviceReport, c: &Chart) {
+fn timeline(o: &mut String, d: &DeviceReport, c: &Chart, rules: &[&str]) {
     let n = c.alloc_max.len().max(1);
     // Memory outside PyTorch, placed by time on the buckets (only samples inside the trace).
     let outside: Vec<(usize, u64)> = d
@@ -551,6 +554,12 @@ fn timeline(o: &mut String, d: &DeviceReport, c: &Chart) {
             "<line x1=\"{bx:.1}\" y1=\"8\" x2=\"{bx:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>",
             y(0),
         );
+        // The findings are about the report's moment: they are named at its mark.
+        let label = if event == d.event_index && !rules.is_empty() {
+            format!("{label} · {}", esc(&rules.join(", ")))
+        } else {
+            label.to_string()
+        };
         let _ = writeln!(
             labels,
             "<text x=\"{:.1}\" data-x=\"{:.1}\" y=\"{row}\" text-anchor=\"{anchor}\" style=\"fill:{color}\">{label}</text>",

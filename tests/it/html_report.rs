@@ -65,7 +65,8 @@ fn a_real_oom_page_leads_with_the_verdict_and_shows_the_timeline() {
     assert_eq!(html.matches("<svg class=\"timeline\"").count(), 1);
     let buckets = html.matches("<rect class=\"hit\"").count();
     assert!((1000..=1200).contains(&buckets), "{buckets} buckets for 9,372 events");
-    assert!(html.contains(">OOM</text>") && html.contains(">peak</text>"));
+    assert!(html.contains(">OOM · leaked-references</text>"), "the OOM marked, with the findings about it");
+    assert!(html.contains(">peak</text>"));
     assert!(
         html.contains("<title>events 9360–9367 (4.27 s in): allocated 2.94 GiB–2.96 GiB"),
         "hover: events, time, bytes"
