@@ -323,20 +323,38 @@ class Recorder:
             gpu = "" if device is None else f" on GPU {device}"
             print(f"oomdoc: out of memory{gpu}{what}: snapshot written to {path}", file=sys.stderr, flush=True)
             if self.verdict:
-                self._print_verdict(path)
+                self._print_verdict(path, self._total_memory(device))
         except Exception as e:  # never into the allocator
             print(f"oomdoc: could not write the snapshot at the OOM: {e}", file=sys.stderr, flush=True)
         finally:
             self._dumping = False
 
-    def _print_verdict(self, path):
+    def _total_memory(self, device):
+        # The GPU's size lets the report tell memory held outside PyTorch (CUDA context, NCCL, other libraries) from
+        # the driver's free bytes the snapshot recorded at the OOM. Read from the device's properties: no allocation.
+        try:
+            props = self._torch.cuda.get_device_properties(0 if device is None else device)
+            return int(props.total_memory)
+        except Exception:
+            return None
+
+    def _print_verdict(self, path, total_memory=None):
         files = [path]
         if self.smi_path and os.path.exists(self.smi_path) and os.path.getsize(self.smi_path) > 0:
             files.append(self.smi_path)
         color = _color_on(sys.stderr)
         try:
             proc = _binary.run_binary(
-                ["analyze", *files, "--no-progress", "--top", "3", "--color", "always" if color else "never"],
+                [
+                    "analyze",
+                    *files,
+                    *(["--gpu-memory", str(total_memory)] if total_memory else []),
+                    "--no-progress",
+                    "--top",
+                    "3",
+                    "--color",
+                    "always" if color else "never",
+                ],
                 timeout=600,
             )
         except (_binary.BinaryNotFound, OSError) as e:

@@ -90,6 +90,8 @@ class Record(unittest.TestCase):
         # The verdict of the real snapshot, and only its head: the detail sections are left to the full report.
         self.assertIn("Verdict", err)
         self.assertIn("Primary cause: leaked references", err)
+        # The GPU's size, from its properties, sizes what was held outside PyTorch.
+        self.assertIn("75.5 GiB free of 79.6 GiB; PyTorch reserved 2.99 GiB; 1.20 GiB outside PyTorch", err)
         self.assertIn("fix: Keep numbers, not tensors", err)
         self.assertNotIn("Largest live allocations", err)
         self.assertIn(f"the full report: oomdoc analyze {path}", err)

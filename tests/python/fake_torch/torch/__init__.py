@@ -47,6 +47,8 @@ def reset(api="modern", cuda_available=True, observer=True, history_on=False, di
         _fake.calls.append((name, args, kwargs))
 
     cuda.is_available = lambda: cuda_available
+    # An H100 80GB's total_memory, as torch reports it.
+    cuda.get_device_properties = lambda device: types.SimpleNamespace(total_memory=85520809984, name="fake")
     for name in ("_record_memory_history", "_dump_snapshot", "_snapshot"):
         if hasattr(cuda.memory, name):
             delattr(cuda.memory, name)
