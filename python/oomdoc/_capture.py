@@ -125,10 +125,12 @@ def _is_oom(torch, exc):
 
 def _observer(device, alloc, device_alloc, device_free):
     # Called by the allocator, GIL held, before the OutOfMemoryError is raised: an exception here must not escape.
+    # Recorders nest (a `with oomdoc.record(…)` inside a script run by `python -m oomdoc run`): the innermost one,
+    # the last started, dumps; one OOM gives one snapshot and one verdict.
     with _lock:
-        recorders = list(_active)
-    for recorder in recorders:
-        recorder._on_oom(device=device, requested=alloc)
+        innermost = _active[-1] if _active else None
+    if innermost is not None:
+        innermost._on_oom(device=device, requested=alloc)
 
 
 def _attach_observer(torch):

@@ -227,6 +227,21 @@ class Record(unittest.TestCase):
                         torch._fake.trigger_oom()
         self.assertNotIn("Verdict", err.getvalue())
 
+    def test_nested_recorders_dump_once_in_the_innermost(self):
+        err = io.StringIO()
+        with environ(**NO_RANK), contextlib.redirect_stderr(err):
+            with oomdoc.record(os.path.join(self.dir, "outer.pickle"), verdict=False) as outer:
+                with self.assertRaises(torch.cuda.OutOfMemoryError):
+                    with oomdoc.record(os.path.join(self.dir, "inner.pickle"), verdict=False) as inner:
+                        torch._fake.trigger_oom()
+                self.assertTrue(torch._fake.history, "the outer recording goes on")
+        self.assertEqual(os.listdir(self.dir), ["inner.pickle"])
+        self.assertEqual((inner.snapshot is not None, outer.snapshot), (True, None))
+        self.assertEqual(err.getvalue().count("snapshot written to"), 1)
+        # Only the outer one started recording, so only it stops it.
+        self.assertEqual(self.names().count("_record_memory_history"), 2)
+        self.assertFalse(torch._fake.history)
+
     def test_other_exceptions_are_not_dumped(self):
         with environ(**NO_RANK), contextlib.redirect_stderr(io.StringIO()):
             with self.assertRaises(KeyError):
