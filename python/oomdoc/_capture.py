@@ -232,6 +232,14 @@ class Recorder:
         if context not in ("all", "alloc", "state", None):
             raise ValueError(f"context: 'all', 'alloc', 'state' or None, not {context!r}")
         self.path = str(path)
+        try:
+            self.path.format(rank=0, local_rank=0, pid=0, device=0, host="host")
+        except (KeyError, IndexError, ValueError) as e:
+            # Said now, not at the OOM, where a failed dump could only be reported.
+            raise ValueError(
+                f"path {self.path!r}: only {{rank}}, {{local_rank}}, {{device}}, {{pid}} and {{host}} are filled in "
+                f"(double a brace to keep it: {{{{ }}}}); {type(e).__name__}: {e}"
+            ) from None
         self.max_entries = int(max_entries)
         self.stacks = stacks
         self.context = context

@@ -255,6 +255,9 @@ class Record(unittest.TestCase):
             oomdoc.record(stacks="cpp")
         with self.assertRaisesRegex(ValueError, "an interval like 200ms"):
             oomdoc.record(smi="often")
+        with self.assertRaisesRegex(ValueError, r"path 'oom-\{step\}.pickle': only \{rank\}, \{local_rank\}"):
+            oomdoc.record("oom-{step}.pickle")
+        self.assertEqual(torch._fake.calls, [], "nothing started")
 
     def test_analyze_returns_the_report(self):
         report = json.loads(oomdoc.analyze(torch.DEFAULT_SNAPSHOT, format="json"))
