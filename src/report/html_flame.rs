@@ -78,8 +78,10 @@ pub fn section(o: &mut String, d: &DeviceReport, tl: &Timeline) {
         b: 1.0,
     }];
     let mut index: FxHashMap<(usize, String), usize> = FxHashMap::default();
+    let mut any_frames = false;
     for &(stack, b) in &d.live_stacks {
         let frames = stack_frames(tl, stack);
+        any_frames |= !frames.is_empty();
         let mut path: Vec<(String, String, u8)> = frames
             .iter()
             .rev()
@@ -115,6 +117,10 @@ pub fn section(o: &mut String, d: &DeviceReport, tl: &Timeline) {
             nodes[next].bytes += b;
             cur = next;
         }
+    }
+    if !any_frames {
+        // Nothing but "(no stack recorded)": the table above says it, and a picture of one bar says nothing more.
+        return;
     }
     // Lay out: each node's children side by side from its left edge, largest first.
     let mut order = vec![0usize];

@@ -152,6 +152,9 @@ fn the_flame_graph_shares_live_memory_out_by_allocating_stack() {
     // One inline script (zoom and pan), nothing fetched.
     assert_eq!(html.matches("<script>").count(), 1);
     assert_offline(&html);
+    // A capture with no stack at all: no picture of one "(no stack recorded)" bar, the table says it.
+    let html = page("nostack", &["fixtures/real/text2sql-2gpu-stateonly.pickle"]);
+    assert!(!html.contains("<svg class=\"flame\"") && html.contains("(no stack recorded)"));
 }
 
 #[test]
