@@ -198,7 +198,7 @@ fn markdown(b: &Budget) -> String {
     o
 }
 
-fn ratio(r: Option<f64>) -> String {
+pub(super) fn ratio(r: Option<f64>) -> String {
     r.map_or("–".into(), |r| format!("{r:.2}×"))
 }
 

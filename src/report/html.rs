@@ -212,7 +212,7 @@ fn budget_table(o: &mut String, c: &crate::analysis::prediction::Comparison) {
             esc(&r.category.replace('_', " ")),
             bytes(r.predicted_bytes),
             bytes(r.measured_bytes),
-            r.ratio.map_or("–".to_string(), |x| format!("{x:.2}×"))
+            super::budget::ratio(r.ratio)
         );
     }
     if c.unknown_bytes > 0 {
@@ -231,19 +231,8 @@ fn budget_table(o: &mut String, c: &crate::analysis::prediction::Comparison) {
 
 /// `rules`: the findings on this GPU, named on the timeline at the moment they describe.
 fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, rules: &[&str]) {
-    let moment = match d.moment {
-        Moment::Oom => "at the OOM",
-        Moment::Peak => "at peak allocated memory",
-        Moment::End => "at the end of the capture",
-        Moment::Time => "at the requested moment",
-    };
-    let place = if d.source == ReportSource::Text {
-        "no snapshot: from the logs and nvidia-smi".to_string()
-    } else if d.trace.entries == 0 {
-        "the file's final state".to_string()
-    } else {
-        when(d.event_index, d.time_us, d.trace.first_time_us)
-    };
+    let moment = sections::moment_words(d.moment);
+    let place = sections::place(d);
     let _ = writeln!(
         o,
         "<section class=\"device\" id=\"gpu-{}\">\n<h2>GPU {} {moment} <span class=\"dim\">({})</span></h2>",

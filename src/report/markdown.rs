@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::sections::{self, Highlight};
-use super::{percent, stream_name, when};
+use super::{percent, stream_name};
 use crate::analysis::{stacks::folded, Analysis, DeviceReport, ReportSource};
 use crate::timeline::Timeline;
 use crate::units::{bytes, duration_us};
@@ -126,13 +126,7 @@ fn profile_section(o: &mut String, a: &Analysis) {
 }
 
 fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
-    let place = if d.source == ReportSource::Text {
-        "no snapshot: from the logs and nvidia-smi".to_string()
-    } else if d.trace.entries == 0 {
-        "the file's final state".to_string()
-    } else {
-        when(d.event_index, d.time_us, d.trace.first_time_us)
-    };
+    let place = sections::place(d);
     let _ = writeln!(o, "\n### GPU {} at {} ({place})\n", d.device, d.moment);
     if let Some(oom) = &d.oom {
         for (i, (hl, line)) in sections::oom_lines(oom).into_iter().enumerate() {

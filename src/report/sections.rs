@@ -2,12 +2,12 @@
 //! each dress in their own way: the OOM (from the trace or only from a log), memory as nvidia-smi saw it, a
 //! serving engine's KV cache, what profiler exports said, and one line per input.
 
-use super::{percent, stream_name};
+use super::{percent, stream_name, when};
 use crate::analysis::observed::ObservedMemory;
 use crate::analysis::profile::short_kernel_name;
 use crate::analysis::profile::{NcuRow, ProfileSummary};
 use crate::analysis::serving::ServingSummary;
-use crate::analysis::{DeviceReport, OomReport, OomSource, Pool, ReportSource};
+use crate::analysis::{DeviceReport, Moment, OomReport, OomSource, Pool, ReportSource};
 use crate::timeline::profile::CopyDirection;
 use crate::timeline::{InputInfo, OomMessage};
 use crate::units::{bytes, duration_us};
@@ -421,6 +421,27 @@ pub fn profile_lines(p: &ProfileSummary) -> Vec<String> {
 
 /// A GPU's verdict beyond its summary: the figures of the failure, what filled it, the causes by the memory they
 /// explain, and the remedies when no rule names a cause. Plain lines; each renderer dresses them.
+/// The moment a GPU's section describes, in words: "at the OOM", "at peak allocated memory", ….
+pub fn moment_words(m: Moment) -> &'static str {
+    match m {
+        Moment::Oom => "at the OOM",
+        Moment::Peak => "at peak allocated memory",
+        Moment::End => "at the end of the capture",
+        Moment::Time => "at the requested moment",
+    }
+}
+
+/// Where in the capture a GPU's section stands: the event and time, the file's final state, or the logs alone.
+pub fn place(d: &DeviceReport) -> String {
+    if d.source == ReportSource::Text {
+        "no snapshot: from the logs and nvidia-smi".to_string()
+    } else if d.trace.entries == 0 {
+        "the file's final state".to_string()
+    } else {
+        when(d.event_index, d.time_us, d.trace.first_time_us)
+    }
+}
+
 pub fn verdict_detail(d: &DeviceReport) -> Vec<String> {
     let Some(v) = &d.verdict else { return Vec::new() };
     let mut out = Vec::new();

@@ -119,19 +119,9 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
 }
 
 fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
-    let moment = match d.moment {
-        Moment::Oom => st.red("at the OOM"),
-        Moment::Peak => st.bold("at peak allocated memory"),
-        Moment::End => st.bold("at the end of the capture"),
-        Moment::Time => st.bold("at the requested moment"),
-    };
-    let place = if d.source == ReportSource::Text {
-        "no snapshot: from the logs and nvidia-smi".to_string()
-    } else if d.trace.entries == 0 {
-        "the file's final state".to_string()
-    } else {
-        when(d.event_index, d.time_us, d.trace.first_time_us)
-    };
+    let words = sections::moment_words(d.moment);
+    let moment = if d.moment == Moment::Oom { st.red(words) } else { st.bold(words) };
+    let place = sections::place(d);
     let _ = writeln!(o, "\n{} {}  {}", st.bold(&format!("GPU {}", d.device)), moment, st.dim(&format!("({place})")));
 
     if let Some(oom) = &d.oom {
