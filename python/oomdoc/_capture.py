@@ -276,6 +276,12 @@ class Recorder:
             warnings.warn("oomdoc.record: CUDA is not available: nothing is recorded", stacklevel=3)
             return self
         self._torch = torch
+        init = getattr(cuda, "init", None)
+        if init is not None:
+            # The allocator's entry points below reach per-device state that exists only once CUDA is initialised;
+            # called before, they crash the process (torch 2.11 on an H200, before the training script's first CUDA
+            # call). Initialising here is what the script's first tensor on the GPU would do anyway.
+            init()
         if not _history_enabled(torch):
             self._api = _start_history(torch, self.max_entries, self.stacks, self.context)
         observer = _attach_observer(torch)
@@ -333,7 +339,8 @@ class Recorder:
             gpu = "" if device is None else f" on GPU {device}"
             print(f"oomdoc: out of memory{gpu}{what}: snapshot written to {path}", file=sys.stderr, flush=True)
             if self.verdict:
-                self._print_verdict(path, self._total_memory(device))
+                total = self._total_memory(device)
+                self._print_verdict(path, total, self._memory_cap(device, total))
         except Exception as e:  # never into the allocator
             print(f"oomdoc: could not write the snapshot at the OOM: {e}", file=sys.stderr, flush=True)
         finally:
@@ -348,7 +355,19 @@ class Recorder:
         except Exception:
             return None
 
-    def _print_verdict(self, path, total_memory=None):
+    def _memory_cap(self, device, total):
+        # A process capped with set_per_process_memory_fraction fails with the device's memory still free; the OOM
+        # message names the cap, but the observer runs before the message exists. torch ≥ 2.9 can be asked.
+        get = getattr(self._torch.cuda, "get_per_process_memory_fraction", None)
+        if get is None or not total:
+            return None
+        try:
+            fraction = float(get(0 if device is None else device))
+        except Exception:
+            return None
+        return int(total * fraction) if 0 < fraction < 1 else None
+
+    def _print_verdict(self, path, total_memory=None, memory_cap=None):
         files = [path]
         if self.smi_path and os.path.exists(self.smi_path) and os.path.getsize(self.smi_path) > 0:
             files.append(self.smi_path)
@@ -359,6 +378,7 @@ class Recorder:
                     "analyze",
                     *files,
                     *(["--gpu-memory", str(total_memory)] if total_memory else []),
+                    *(["--memory-cap", str(memory_cap)] if memory_cap else []),
                     "--no-progress",
                     "--top",
                     "3",

@@ -153,6 +153,8 @@ pub struct Context<'a> {
     pub report: &'a DeviceReport,
     /// The GPU's capacity, when the user gave it.
     pub gpu_memory: Option<u64>,
+    /// The process's memory cap, when the user (or the capture) gave it.
+    pub memory_cap: Option<u64>,
 }
 
 /// The facts that need only the events and the categories of their stacks, and those categories (one per event):
@@ -356,7 +358,7 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: &EventFacts, leaks: i
     }
 
     // Memory outside PyTorch.
-    super::observed::outside_pytorch_facts(&mut f, r, cx.gpu_memory);
+    super::observed::outside_pytorch_facts(&mut f, r, cx.gpu_memory, cx.memory_cap);
     f.map.extend(ev.facts.map.iter().map(|(k, v)| (k.clone(), v.clone())));
     if events.is_empty() {
         return f;

@@ -81,13 +81,16 @@ pub struct Options {
     pub device: Option<i64>,
     /// The GPU's total memory, when known: sizes the memory outside PyTorch.
     pub gpu_memory: Option<u64>,
+    /// The process's memory cap (`set_per_process_memory_fraction` × the GPU), when known other than from the OOM
+    /// message: a capped process runs out with the device's memory still free.
+    pub memory_cap: Option<u64>,
     /// Split the chart's allocated bytes by category (one more pass over the trace: only the HTML report draws it).
     pub chart_categories: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { at: At::Auto, top: 10, device: None, gpu_memory: None, chart_categories: false }
+        Options { at: At::Auto, top: 10, device: None, gpu_memory: None, memory_cap: None, chart_categories: false }
     }
 }
 
@@ -577,8 +580,15 @@ fn analyze_device<'t>(
     let (mut report, facts, state) = std::thread::scope(|s| {
         let leaks = beside(s, || facts::leak_pass(dev, &replay, &event_facts, last_event));
         let (state, report) = device_report(tl, dev, opts, &replay, moment, idx, oom_count);
-        let cx =
-            facts::Context { tl, dev, replay: &replay, state: &state, report: &report, gpu_memory: opts.gpu_memory };
+        let cx = facts::Context {
+            tl,
+            dev,
+            replay: &replay,
+            state: &state,
+            report: &report,
+            gpu_memory: opts.gpu_memory,
+            memory_cap: opts.memory_cap,
+        };
         let facts = facts::compute(&cx, &mut cache, &event_facts, leaks);
         (report, facts, state)
     });

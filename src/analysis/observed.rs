@@ -237,7 +237,7 @@ fn text_only_facts(r: &DeviceReport) -> Facts {
             }
         }
     }
-    outside_pytorch_facts(&mut f, r, None);
+    outside_pytorch_facts(&mut f, r, None, None);
     f
 }
 
@@ -249,7 +249,7 @@ fn kind_name(m: &OomMessage) -> String {
 /// 1. a snapshot OOM's driver-reported free bytes with the capacity (total − free − reserved, exact at the OOM);
 /// 2. the OOM message's own figures (total − free − reserved as PyTorch printed them);
 /// 3. the nvidia-smi sample nearest the moment (used − reserved, as close as the sampling interval allows).
-pub fn outside_pytorch_facts(f: &mut Facts, r: &DeviceReport, gpu_memory: Option<u64>) {
+pub fn outside_pytorch_facts(f: &mut Facts, r: &DeviceReport, gpu_memory: Option<u64>, memory_cap: Option<u64>) {
     let msg = r.oom.as_ref().and_then(|o| o.message.as_ref());
     let smi_total = r.observed.as_ref().and_then(|o| o.total_bytes);
     let (total, total_doc) = match (gpu_memory, smi_total, msg.and_then(|m| m.total_bytes)) {
@@ -258,15 +258,15 @@ pub fn outside_pytorch_facts(f: &mut Facts, r: &DeviceReport, gpu_memory: Option
         (None, None, Some(t)) => (Some(t), "the GPU's capacity (the OOM message)"),
         _ => (None, ""),
     };
-    // What one request may take: set_per_process_memory_fraction's cap when the message names it, else the GPU.
-    let allowed = msg.and_then(|m| m.allowed_bytes);
+    // What one request may take: set_per_process_memory_fraction's cap when the message names it (or the user, or
+    // the capture, gave it), else the GPU.
+    let (allowed, allowed_doc) = match (msg.and_then(|m| m.allowed_bytes), memory_cap) {
+        (Some(a), _) => (Some(a), "the process's memory cap (\"X allowed\" in the OOM message)"),
+        (None, Some(a)) => (Some(a), "the process's memory cap (--memory-cap)"),
+        (None, None) => (None, ""),
+    };
     if let Some(a) = allowed {
-        f.num(
-            "oom.allowed_bytes",
-            a as f64,
-            Unit::Bytes,
-            "the process's memory cap (\"X allowed\" in the OOM message)",
-        );
+        f.num("oom.allowed_bytes", a as f64, Unit::Bytes, allowed_doc);
     }
     let requested = r.oom.as_ref().and_then(|o| o.requested_bytes);
     if let (Some(req), Some(limit)) = (requested, allowed.or(total)) {

@@ -58,6 +58,8 @@ pub struct Arithmetic {
     pub cached_free_bytes: Option<u64>,
     pub largest_free_block_bytes: Option<u64>,
     pub outside_pytorch_bytes: Option<u64>,
+    /// The process's cap (set_per_process_memory_fraction), when it had one.
+    pub allowed_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -177,6 +179,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
     };
     let outside = fact_bytes("nonpytorch_bytes");
     let capacity = fact_bytes("gpu.total_bytes");
+    let allowed = fact_bytes("oom.allowed_bytes");
     let arithmetic = d.oom.as_ref().map(|o| Arithmetic {
         requested_bytes: o.requested_bytes,
         device_free_bytes: o.device_free_bytes,
@@ -186,6 +189,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
         cached_free_bytes: o.cached_free_in_pool_bytes,
         largest_free_block_bytes: o.largest_free_in_pool_bytes,
         outside_pytorch_bytes: outside,
+        allowed_bytes: allowed,
     });
     let holder = d.holder.clone();
     let mut first = match &d.oom {
@@ -196,6 +200,10 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
                 o.requested_bytes.map_or("memory".into(), bytes)
             );
             let mut figures = Vec::new();
+            // A capped process fails with the device's memory still free: its cap comes first.
+            if let Some(a) = allowed.filter(|&a| capacity.is_none_or(|c| a < c)) {
+                figures.push(format!("a {} cap on this process", bytes(a)));
+            }
             match (o.device_free_bytes, capacity) {
                 (Some(f), Some(c)) => figures.push(format!("{} free of {}", bytes(f), bytes(c))),
                 (Some(f), None) => figures.push(format!("{} free on the device", bytes(f))),

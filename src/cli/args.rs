@@ -150,6 +150,11 @@ pub struct InputArgs {
     /// The GPU's total memory (e.g. 80GiB, 40GB, 81559347200): lets oomdoc size memory outside PyTorch at an OOM.
     #[arg(long, value_name = "BYTES", value_parser = oomdoc::units::parse_size_arg)]
     pub gpu_memory: Option<u64>,
+    /// The process's memory cap, set with torch.cuda.set_per_process_memory_fraction (the fraction × the GPU's
+    /// memory): a capped process runs out with the device still free. Read from the OOM message when one is given;
+    /// `oomdoc.record()` passes it.
+    #[arg(long, value_name = "BYTES", value_parser = oomdoc::units::parse_size_arg)]
+    pub memory_cap: Option<u64>,
     /// A folder of rule files (*.toml) that add to or override the built-in ones; a categories.toml there adds
     /// category patterns.
     #[arg(long, value_name = "DIR")]
@@ -259,6 +264,7 @@ impl InputArgs {
                 top,
                 device: self.device,
                 gpu_memory: self.gpu_memory,
+                memory_cap: self.memory_cap,
                 chart_categories: false,
             },
             rules_dir: self.rules.clone(),

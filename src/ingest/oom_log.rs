@@ -455,12 +455,6 @@ fn stamp_near(ls: &[Line], i: usize) -> Option<Stamp> {
     None
 }
 
-fn is_library(path: &str) -> bool {
-    ["site-packages", "dist-packages", "<frozen", "/lib/python", "\\lib\\python", "/torch/", "\\torch\\"]
-        .iter()
-        .any(|k| path.contains(k))
-}
-
 /// The innermost traceback frame above the message that is the user's code.
 fn user_frame(ls: &[Line], i: usize) -> Option<String> {
     static F: OnceLock<Regex> = OnceLock::new();
@@ -475,7 +469,7 @@ fn user_frame(ls: &[Line], i: usize) -> Option<String> {
                 Some(p) => (p.as_str(), &c[2], &c[3]),
                 None => (c.get(4).map_or("", |m| m.as_str()), &c[5], &c[6]),
             };
-            if !is_library(path) {
+            if !crate::timeline::stacks::is_library_frame(path) {
                 let short = path.rsplit(['/', '\\']).next().unwrap_or(path);
                 return Some(format!("{short}:{line} in {func}"));
             }

@@ -447,6 +447,9 @@ pub fn verdict_detail(d: &DeviceReport) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(a) = &v.arithmetic {
         let mut parts = vec![format!("asked {}", opt_bytes(a.requested_bytes))];
+        if let Some(c) = a.allowed_bytes.filter(|&c| a.capacity_bytes.is_none_or(|g| c < g)) {
+            parts.push(format!("cap {c} (set_per_process_memory_fraction)", c = bytes(c)));
+        }
         if let Some(f) = a.device_free_bytes {
             parts.push(format!("driver free {}", bytes(f)));
         }

@@ -135,6 +135,15 @@ pub fn is_noise_frame(filename: &str, name: &str) -> bool {
         || (filename == "??" && (name.starts_with("Py") || name.starts_with("_Py")))
 }
 
+/// oomdoc's own Python helpers (`python -m oomdoc run`, `oomdoc.record()`) sit above the user's script on every stack
+/// they capture. Installed from the wheel they are under site-packages; run from a checkout they are not, and the
+/// launcher's `run` would be named as the user's loop.
+fn is_oomdoc_launcher(f: &str) -> bool {
+    ["__main__.py", "_capture.py", "_binary.py", "__init__.py"]
+        .iter()
+        .any(|name| f.strip_suffix(name).is_some_and(|dir| dir == "oomdoc/" || dir.ends_with("/oomdoc/")))
+}
+
 /// Whether a frame belongs to a library (PyTorch, an installed package, the standard library, native code) rather
 /// than to the user's own program. Reports show the user's frames first and fold the rest.
 pub fn is_library_frame(filename: &str) -> bool {
@@ -145,6 +154,7 @@ pub fn is_library_frame(filename: &str) -> bool {
         || f.contains("/torch/")
         || f.starts_with("torch/")
         || f.contains("<frozen")
+        || is_oomdoc_launcher(&f)
         || f == "??"
         || f.is_empty()
         || !(f.ends_with(".py") || f.contains("ipykernel") || f.starts_with('<'))

@@ -63,6 +63,8 @@ class Record(unittest.TestCase):
 
     def tearDown(self):
         self.tmp.cleanup()
+        # Each of these would have been a segfault in a real process.
+        self.assertEqual(torch._fake.crashes, [])
 
     def names(self):
         return [c[0] for c in torch._fake.calls]
@@ -95,6 +97,29 @@ class Record(unittest.TestCase):
         self.assertIn("fix: Keep numbers, not tensors", err)
         self.assertNotIn("Largest live allocations", err)
         self.assertIn(f"the full report: oomdoc analyze {path}", err)
+
+    def test_a_capped_process_has_its_cap_in_the_verdict(self):
+        # set_per_process_memory_fraction: the device had 75.5 GiB free, the process could hold 3 GiB.
+        fresh(fraction=3 * (1 << 30) / 85520809984)
+        err = self.oom_inside()
+        self.assertIn("asking for 16.0 MiB (a 3.00 GiB cap on this process; 75.5 GiB free of 79.6 GiB", err)
+
+    def test_a_torch_that_cannot_tell_its_cap_gives_the_verdict_without_it(self):
+        err = self.oom_inside()
+        self.assertIn("Primary cause: leaked references", err)
+        self.assertNotIn("cap on this process", err)
+
+    def test_cuda_is_initialised_before_the_allocator_is_asked_anything(self):
+        # Seen on a real H200 with torch 2.11: `oomdoc.record()` as a script's first line, before any tensor on the
+        # GPU, asked whether history was on and the process died with a segfault.
+        self.assertFalse(torch._fake.initialized)
+        with environ(**NO_RANK):
+            recorder = oomdoc.record(path=os.path.join(self.dir, "oom.pickle"), verdict=False)
+        try:
+            self.assertTrue(torch._fake.initialized)
+            self.assertEqual(torch._fake.crashes, [])
+        finally:
+            recorder.stop()
 
     def test_the_snapshot_is_named_by_rank(self):
         cases = [

@@ -37,16 +37,31 @@ def _snapshot_file():
     return os.environ.get("FAKE_TORCH_SNAPSHOT", DEFAULT_SNAPSHOT)
 
 
-def reset(api="modern", cuda_available=True, observer=True, history_on=False, dist_rank=None):
+def reset(api="modern", cuda_available=True, observer=True, history_on=False, dist_rank=None, fraction=None):
     _fake.calls = []
     _fake.observers = []
     _fake.history = history_on
     _fake.api = api
+    _fake.initialized = False
+    # Calls that crash the real process (a segfault, no exception): the tests check this stays empty.
+    _fake.crashes = []
 
     def log(name, *args, **kwargs):
         _fake.calls.append((name, args, kwargs))
 
     cuda.is_available = lambda: cuda_available
+
+    def init():
+        if not cuda_available:
+            raise RuntimeError("Found no NVIDIA driver on your system.")
+        _fake.initialized = True
+
+    cuda.init = init
+    # torch ≥ 2.9 reports set_per_process_memory_fraction's cap; `fraction=None` is a torch without the getter.
+    if hasattr(cuda, "get_per_process_memory_fraction"):
+        del cuda.get_per_process_memory_fraction
+    if fraction is not None:
+        cuda.get_per_process_memory_fraction = lambda device=None: fraction
     # An H100 80GB's total_memory, as torch reports it.
     cuda.get_device_properties = lambda device: types.SimpleNamespace(total_memory=85520809984, name="fake")
     for name in ("_record_memory_history", "_dump_snapshot", "_snapshot"):
@@ -72,7 +87,13 @@ def reset(api="modern", cuda_available=True, observer=True, history_on=False, di
 
         cuda.memory._record_memory_history = _record_memory_history
         cuda.memory._dump_snapshot = _dump_snapshot
-        _C._cuda_isHistoryEnabled = lambda: _fake.history
+        def _cuda_isHistoryEnabled():
+            # torch 2.11 reads the current device's allocator here: before CUDA is initialised it segfaults.
+            if not _fake.initialized:
+                _fake.crashes.append("_cuda_isHistoryEnabled before CUDA init")
+            return _fake.history
+
+        _C._cuda_isHistoryEnabled = _cuda_isHistoryEnabled
         g["OutOfMemoryError"] = _OOM
         cuda.OutOfMemoryError = _OOM
     elif api == "legacy":
