@@ -319,6 +319,10 @@ fn stack_of(stacks: &mut Stacks, frame_buf: &mut Vec<u32>, v: &Value) -> Option<
         Value::List(_) | Value::Tuple(_) => {
             // A stack of a thousand frames or more arrives in several batches and stays generic until now.
             let items = v.list_items()?;
+            // `frames: []` (no Python frame: the backward pass) is a third of a real trace's entries.
+            if items.is_empty() {
+                return Some(EMPTY_STACK);
+            }
             frame_buf.clear();
             for it in items.iter() {
                 match it {

@@ -386,12 +386,21 @@ impl State {
 
     /// Going backward over a `free_completed`: the block existed (pending) before; cut it out of free space.
     fn carve(&mut self, e: &Event, rules: &Rules) -> Result<(), &'static str> {
-        let seg_addr = self.segment_containing(e.addr).ok_or("free_completed (undone) outside every segment")?;
-        let (start, free) = self
-            .segment_blocks(seg_addr)
-            .find(|(a, b)| *a <= e.addr && e.addr < a + b.size)
-            .map(|(a, b)| (a, b.clone()))
-            .ok_or("free_completed (undone) in a hole of its segment")?;
+        // Mostly the freed block still starts at its address (no free block before it took it in): no search of
+        // the segments and of the segment's chain of blocks, which on a real trace holds thousands.
+        let (seg_addr, start, free) = match self.blocks.get(&e.addr) {
+            Some(b) if b.state == BlockState::Inactive => (b.segment, e.addr, b.clone()),
+            _ => {
+                let seg_addr =
+                    self.segment_containing(e.addr).ok_or("free_completed (undone) outside every segment")?;
+                let (start, free) = self
+                    .segment_blocks(seg_addr)
+                    .find(|(a, b)| *a <= e.addr && e.addr < a + b.size)
+                    .map(|(a, b)| (a, b.clone()))
+                    .ok_or("free_completed (undone) in a hole of its segment")?;
+                (seg_addr, start, free)
+            }
+        };
         if free.state != BlockState::Inactive {
             return Err("free_completed (undone) of memory that is in use");
         }

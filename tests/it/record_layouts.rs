@@ -431,6 +431,14 @@ fn torch_entry(
     w.str("");
     w.str("frames");
     let list = match frames {
+        // No Python frame (an allocation of the autograd engine's backward): Python writes an empty list as
+        // EMPTY_LIST MEMOIZE, no MARK.
+        Ok([]) => {
+            let list = w.memo;
+            w.b.push(b']');
+            w.memoize();
+            Some(list)
+        }
         Ok(fs) => {
             let list = w.memo;
             w.list_open();
@@ -565,4 +573,44 @@ fn a_frames_list_naming_its_own_entry_gets_the_generic_error_after_the_layout_is
     let first = message(&build(0));
     assert!(first.contains("is a dict, expected a trace entry dict"), "{first}");
     assert_eq!(message(&build(5)), first);
+}
+
+#[test]
+fn entries_with_no_python_frame_read_back_with_their_empty_frames_list() {
+    // torch ≥ 2.10 with stacks="python": every allocation made outside Python (the backward pass) has `frames: []`,
+    // a fresh empty list its free events name by memo reference. Half the allocations here, in runs and alone,
+    // the first entry among them, so the layouts are learnt from both kinds.
+    let stacks: Vec<Vec<usize>> = vec![vec![], vec![1, 2, 3], vec![4, 5], vec![]];
+    let mut w = Writer::new();
+    let mut frame_slots = HashMap::new();
+    w.dict_open();
+    w.str("device_traces");
+    w.list_open();
+    w.list_open();
+    let mut expect = Vec::new();
+    for i in 0..2000usize {
+        if i > 0 && i % 333 == 0 {
+            w.raw(b"e(");
+        }
+        let s = if i % 7 < 3 { 0 } else { 1 + i % 3 };
+        let addr = 0x7f00_0000_0000 + i as i64 * 512;
+        let (_, list) = torch_entry(&mut w, &mut frame_slots, "alloc", addr, Ok(&stacks[s]));
+        expect.push((Action::Alloc, addr as u64, s));
+        for action in ["free_requested", "free_completed"] {
+            torch_entry(&mut w, &mut frame_slots, action, addr, Err(list.expect("a list")));
+            expect.push((Action::from_name(action), addr as u64, s));
+        }
+    }
+    w.raw(b"eeu.");
+    let tl = read(&w.b);
+    let d0 = dev(&tl, 0);
+    assert_eq!(d0.events.len(), expect.len());
+    for (i, (e, &(action, addr, s))) in d0.events.iter().zip(&expect).enumerate() {
+        assert_eq!((e.action, e.addr, e.size), (action, addr, 512), "entry {i}");
+        let names: Vec<String> =
+            tl.stacks.stack(e.stack).iter().map(|&f| tl.str(tl.stacks.frame(f).name).to_string()).collect();
+        let want: Vec<String> = stacks[s].iter().map(|f| format!("fn_{f}")).collect();
+        assert_eq!(names, want, "entry {i}'s stack");
+        assert_eq!(tl.str(d0.attrs(e).compile_context), "N/A", "entry {i}");
+    }
 }

@@ -310,6 +310,50 @@ mod tests {
         assert!(matches!(e, PickleError::TooDeep { .. }), "{e}");
     }
 
+    fn render(v: &Value, strings: &Strings) -> String {
+        let items = |xs: &[Value]| xs.iter().map(|x| render(x, strings)).collect::<Vec<_>>();
+        match v {
+            Value::Int(i) => i.to_string(),
+            Value::Str(id) => format!("'{}'", strings.get(*id)),
+            Value::Dict(_) | Value::PendingDict(_) => {
+                let kv = items(&v.dict_items().unwrap());
+                format!("{{{}}}", kv.chunks(2).map(|p| format!("{}: {}", p[0], p[1])).collect::<Vec<_>>().join(", "))
+            }
+            _ => format!("[{}]", items(&v.list_items().expect("a list")).join(", ")),
+        }
+    }
+
+    #[test]
+    fn empty_containers_close_where_python_puts_them() {
+        // Written by Python 3's pickle.dumps(…, protocol=4). An empty list is followed by what closes or extends
+        // its parent (SETITEMS, SETITEM, APPENDS, APPEND) or by the parent's next item; torch writes the first
+        // for every trace entry with no Python frame (`'frames': []` last in the entry dict).
+        let cases: [(&[u8], &str); 3] = [
+            (
+                &[
+                    128, 4, 149, 31, 0, 0, 0, 0, 0, 0, 0, 125, 148, 40, 140, 1, 97, 148, 93, 148, 140, 1, 98, 148, 93,
+                    148, 40, 93, 148, 125, 148, 93, 148, 101, 140, 1, 99, 148, 125, 148, 117, 46,
+                ],
+                "{'a': [], 'b': [[], {}, []], 'c': {}}",
+            ),
+            (
+                &[
+                    128, 4, 149, 19, 0, 0, 0, 0, 0, 0, 0, 93, 148, 40, 93, 148, 93, 148, 93, 148, 97, 125, 148, 93,
+                    148, 125, 148, 97, 101, 46,
+                ],
+                "[[], [[]], {}, [{}]]",
+            ),
+            (
+                &[128, 4, 149, 13, 0, 0, 0, 0, 0, 0, 0, 125, 148, 140, 1, 107, 148, 93, 148, 93, 148, 97, 115, 46],
+                "{'k': [[]]}",
+            ),
+        ];
+        for (bytes, want) in cases {
+            let parsed = parse(bytes).unwrap();
+            assert_eq!(render(&parsed.value, &parsed.strings), want);
+        }
+    }
+
     #[test]
     fn sparse_memo_index_costs_one_entry() {
         // LONG_BINPUT 0xFFFFFFF0 then LONG_BINGET it.
