@@ -305,7 +305,10 @@ impl<B: Builder> Machine<'_, B> {
         }
         let (close_many, close_one) = if is_dict { (b'u', b's') } else { (b'e', b'a') };
         let mark = self.scratch.len();
-        while !empty {
+        loop {
+            if empty {
+                break;
+            }
             let Some(op) = cur.next() else {
                 return Ok(None);
             };
