@@ -5,7 +5,8 @@
 #
 # Generates any missing snapshot into bench/data/ (bench/gen_bench_snapshot.py): per size, `real` (what torch
 # writes: a fresh frames list per allocation, frame dicts shared), `shared` (one list per stack: a best case) and
-# `unshared` (every frame dict written afresh: a worst case). Then for each file measures,
+# `unshared` (every frame dict written afresh: a worst case); for 1m also the real trace torch wrote on an H200
+# (bench/real/, unpacked into bench/data/). Then for each file measures,
 # in the same run:
 #   oomdoc:  target/release/oomdoc analyze --format json --no-progress FILE > /dev/null   (best of 3)
 #   python:  python3 -c 'import pickle,sys; pickle.load(open(sys.argv[1],"rb"))' FILE      (best of 2; 1 for 1M)
@@ -55,6 +56,14 @@ for sz in "${sizes[@]}"; do
   done
 done
 
+# The real trace torch wrote (bench/real/PROVENANCE.md), unpacked with Python's lzma (no xz binary needed).
+REAL_TRACE="$DATA/real-h200-llama-1m.pickle"
+if [[ " ${sizes[*]} " == *" 1m "* ]] && [ ! -s "$REAL_TRACE" ]; then
+  echo "== unpacking $REAL_TRACE" >&2
+  "$PYTHON" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    bench/real/h200-llama-1m.pickle.xz "$REAL_TRACE" || { echo "unpacking $REAL_TRACE failed" >&2; exit 1; }
+fi
+
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
@@ -87,8 +96,9 @@ max() { awk -v a="$1" -v b="$2" 'BEGIN { print (a == "" || b + 0 > a + 0) ? b : 
 rows=()
 status=0
 for sz in "${sizes[@]}"; do
-  for v in real shared unshared; do
-    f="$DATA/snap-$sz-$v.pickle"
+  files=("$DATA/snap-$sz-real.pickle" "$DATA/snap-$sz-shared.pickle" "$DATA/snap-$sz-unshared.pickle")
+  if [ "$sz" = 1m ]; then files+=("$REAL_TRACE"); fi
+  for f in "${files[@]}"; do
     bytes=$(stat -c %s "$f")
     o_wall="" o_rss=""
     for ((i = 1; i <= OOMDOC_RUNS; i++)); do

@@ -16,6 +16,9 @@ pub(super) struct RecordShapes {
     /// Reused buffer for the layout of the record being read.
     pub(super) learning: Vec<Field>,
     pub(super) last: usize,
+    /// For each layout, the one that matched right after it last time: entries follow each other in patterns
+    /// (an allocation, its free_requested, its free_completed), so it is tried first.
+    pub(super) next: Vec<u8>,
     pub(super) tries: u32,
     pub(super) hits: u32,
     /// Records left to read without trying the layouts, after a stretch where they rarely matched.
@@ -185,12 +188,20 @@ impl RecordShapes {
     #[inline]
     pub(super) fn hit(&mut self, i: usize) {
         self.hits += 1;
+        if let Some(n) = self.next.get_mut(self.last) {
+            *n = i as u8;
+        }
         self.last = i;
     }
 
-    /// The first layout `rest` matches, the last one matched tried first.
+    /// The first layout `rest` matches: the one that followed the last match last time, then the last match
+    /// itself, then the others.
     #[inline]
     pub(super) fn matching(&self, rest: &[u8]) -> Option<usize> {
+        let predicted = self.next.get(self.last).map_or(self.last, |&n| n as usize);
+        if predicted != self.last && self.shapes.get(predicted).is_some_and(|s| s.matches(rest)) {
+            return Some(predicted);
+        }
         first_match(&self.shapes, self.last, rest)
     }
 
@@ -224,6 +235,7 @@ impl RecordShapes {
         }
         let stores = tail.is_some() || fields.iter().any(|f| matches!(f.arg, Arg::Str { memo: true, .. }));
         let fields = fields.into();
+        self.next.push(self.shapes.len() as u8);
         self.shapes.push(Shape { bytes: bytes_w, mask, len: bytes.len(), slot, first_key, fields, tail, stores });
     }
 }
