@@ -318,7 +318,8 @@ impl<B: Builder> Machine<'_, B> {
                 b'h' | b'j' => {
                     let Some(idx) = memo_index(cur, op) else { return Ok(None) };
                     match self.memo.dense_get(idx as usize).as_deref() {
-                        Some(Value::PendingDict(_) | Value::PendingList(_)) | None => return Ok(None),
+                        Some(v) if v.is_open() => return Ok(None),
+                        None => return Ok(None),
                         Some(v) => self.scratch.push(v.clone()),
                     }
                 }
@@ -401,6 +402,16 @@ impl<B: Builder> Machine<'_, B> {
                 }
             }
         } else {
+            // A closed empty list: no storage of its own until a reference to it is appended to (see
+            // `Machine::recall`). torch writes one per allocation with no Python frame, a third of a real trace.
+            if empty {
+                self.scratch.truncate(mark);
+                let v = Value::PendingList(NO_SLOT);
+                if let Some(m) = slot.and_then(|slot| self.memo.get_mut(slot)) {
+                    *m = v.clone();
+                }
+                return Ok(Some(v));
+            }
             let replaced = if n < BATCH { self.builder.close_list(&self.scratch[mark..]) } else { None };
             match replaced {
                 Some(v) => v,

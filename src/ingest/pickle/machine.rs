@@ -337,7 +337,8 @@ impl<B: Builder> Machine<'_, B> {
         // self-referencing structure still being filled): give it real shared storage now, so both references see
         // the same items. It is the same object, so this is no second store into the slot.
         let v = match v {
-            Value::PendingList(slot) if slot == idx => {
+            // NO_SLOT: a closed empty list the fast path stored without storage of its own.
+            Value::PendingList(slot) if slot == idx || slot == NO_SLOT => {
                 let l = Value::List(Rc::new(RefCell::new(List { depth: 1, ..List::default() })));
                 if let Some(m) = self.memo.get_mut(idx) {
                     *m = l.clone();

@@ -387,7 +387,8 @@ impl<B: Builder> Machine<'_, B> {
                     let Some(idx) = memo_index(cur, op) else { break Record::GiveUp };
                     layout.push(Field { key, at: at as u32, arg: if op == b'h' { Arg::Ref1 } else { Arg::Ref4 } });
                     match self.memo.dense_get(idx as usize).as_deref() {
-                        Some(Value::PendingDict(_) | Value::PendingList(_)) | None => false,
+                        Some(v) if v.is_open() => false,
+                        None => false,
                         Some(v) => self.builder.record_field(key, v),
                     }
                 }
@@ -516,7 +517,8 @@ impl<B: Builder> Machine<'_, B> {
                     let idx = f.arg.memo_index(rest, at);
                     // Only values already stored are referenced: the record stores nothing of its own but itself.
                     match self.memo.dense_get(idx).as_deref() {
-                        Some(Value::PendingDict(_) | Value::PendingList(_)) | None => return None,
+                        Some(v) if v.is_open() => return None,
+                        None => return None,
                         Some(v) => {
                             if !self.builder.record_field(f.key, v) {
                                 return None;
@@ -565,7 +567,8 @@ impl<B: Builder> Machine<'_, B> {
                 Arg::Ref1 | Arg::Ref4 => {
                     let idx = f.arg.memo_index(rest, at);
                     match self.memo.dense_get(idx).as_deref() {
-                        Some(Value::PendingDict(_) | Value::PendingList(_)) | None => return Ok(None),
+                        Some(v) if v.is_open() => return Ok(None),
+                        None => return Ok(None),
                         Some(v) => {
                             if !self.builder.record_field(f.key, v) {
                                 return Ok(None);

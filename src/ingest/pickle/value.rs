@@ -119,6 +119,17 @@ pub struct Dict {
 }
 
 impl Value {
+    /// A memo value that may still be filled: a container whose slot is the one being read (its items are not
+    /// known yet). A closed empty list the fast path stored (`PendingList(NO_SLOT)`) is not open.
+    #[inline]
+    pub(super) fn is_open(&self) -> bool {
+        match self {
+            Value::PendingDict(_) => true,
+            Value::PendingList(slot) => *slot != super::NO_SLOT,
+            _ => false,
+        }
+    }
+
     pub(super) fn depth(&self) -> u32 {
         match self {
             Value::Tuple(t) => t.depth,
