@@ -140,22 +140,12 @@ fn every_nvidia_smi_log_of_the_corpus_reads() {
     }
 }
 
-/// `oomdoc analyze FILES… --format json`, which must succeed.
-fn analyze_files(args: &[&str]) -> Value {
-    let mut all = vec!["analyze"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--format", "json"]);
-    let o = oomdoc(&all);
-    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
-}
-
 #[test]
 fn the_wheels_launcher_is_not_named_as_the_users_loop() {
     // `python -m oomdoc run -- fixtures/capture/plain_leak.py` from a checkout (H200, torch 2.11): oomdoc's own
     // `run` frame sits above every allocation of the script and, outside site-packages, read as the user's code.
     let dir = "fixtures/real-gpu/oomdoc-run";
-    let v = analyze_files(&[
+    let v = common::analyze_json(&[
         &format!("{dir}/oom-0.pickle"),
         &format!("{dir}/nvidia-smi.vm.csv"),
         &format!("{dir}/stderr.log"),
@@ -172,9 +162,9 @@ fn the_wheels_launcher_is_not_named_as_the_users_loop() {
     let summary = v["devices"][0]["verdict"]["summary"].as_str().unwrap();
     assert!(summary.starts_with("GPU 0 ran out of memory asking for 16.0 MiB (a 3.00 GiB cap on this process;"));
     // Without the log, the capture passes the cap it read from torch: the same verdict.
-    let capped = analyze_files(&[&format!("{dir}/oom-0.pickle"), "--memory-cap", "3221225472"]);
+    let capped = common::analyze_json(&[&format!("{dir}/oom-0.pickle"), "--memory-cap", "3221225472"]);
     assert_eq!(capped["devices"][0]["verdict"]["arithmetic"]["allowed_bytes"], 3 * GIB);
-    let uncapped = analyze_files(&[&format!("{dir}/oom-0.pickle")]);
+    let uncapped = common::analyze_json(&[&format!("{dir}/oom-0.pickle")]);
     assert!(uncapped["devices"][0]["verdict"]["arithmetic"]["allowed_bytes"].is_null());
 }
 
@@ -183,7 +173,7 @@ fn a_whole_device_oom_with_only_the_cuda_context_outside_pytorch_says_so() {
     // `import oomdoc; oomdoc.record()` in plain_leak.py, no cap: 139 GiB of leaked graphs fill an H200. The 750 MiB
     // outside PyTorch is the CUDA context alone: it decided the OOM by arithmetic, but there is no owner to hunt.
     let dir = "fixtures/real-gpu/one-line";
-    let v = analyze_files(&[&format!("{dir}/oom-0.pickle.gz"), &format!("{dir}/stderr.log")]);
+    let v = common::analyze_json(&[&format!("{dir}/oom-0.pickle.gz"), &format!("{dir}/stderr.log")]);
     assert_eq!(common::rules_fired(&v), ["leaked-references:error", "nccl-overhead:warning"]);
     assert_eq!(v["devices"][0]["verdict"]["primary_rule"], "leaked-references");
     let leak = v["findings"][0]["message"].as_str().unwrap();

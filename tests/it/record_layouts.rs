@@ -457,18 +457,34 @@ fn torch_entry(
     (slot, list)
 }
 
+/// A snapshot dict opened through its first device's trace list: `{'device_traces': [[`.
+fn first_device_trace() -> Writer {
+    let mut w = Writer::new();
+    w.dict_open();
+    w.str("device_traces");
+    w.list_open();
+    w.list_open();
+    w
+}
+
+/// An allocation with a fresh frames list, then its free_requested and free_completed naming that list: the three
+/// entries' memo slots.
+fn alloc_and_free(w: &mut Writer, frame_slots: &mut HashMap<usize, u32>, addr: i64, frames: &[usize]) -> [u32; 3] {
+    let (alloc, list) = torch_entry(w, frame_slots, "alloc", addr, Ok(frames));
+    let list = list.expect("a list");
+    let (requested, _) = torch_entry(w, frame_slots, "free_requested", addr, Err(list));
+    let (completed, _) = torch_entry(w, frame_slots, "free_completed", addr, Err(list));
+    [alloc, requested, completed]
+}
+
 #[test]
 fn torch_entries_with_a_fresh_context_str_and_frames_list_read_back_through_their_layouts() {
     // 300 allocations over 7 stacks, each freed (free_requested, free_completed) naming its list; then a second
     // device lists three of the first device's entry dicts again by memo reference, which must find each one
     // where the pickler stored it: the entry's slot first, then its 'N/A', then its frames list.
     let stacks: Vec<Vec<usize>> = (0..7).map(|s| (0..(3 + s * 5)).map(|k| (s * 7 + k * 3) % 40).collect()).collect();
-    let mut w = Writer::new();
+    let mut w = first_device_trace();
     let mut frame_slots = HashMap::new();
-    w.dict_open();
-    w.str("device_traces");
-    w.list_open();
-    w.list_open();
     let mut entry_slots = Vec::new();
     let mut expect = Vec::new();
     for i in 0..300usize {
@@ -477,13 +493,9 @@ fn torch_entries_with_a_fresh_context_str_and_frames_list_read_back_through_thei
         }
         let s = (i * 5 + i / 11) % stacks.len();
         let addr = 0x7f00_0000_0000 + i as i64 * 4096;
-        let (slot, list) = torch_entry(&mut w, &mut frame_slots, "alloc", addr, Ok(&stacks[s]));
-        entry_slots.push(slot);
-        expect.push((Action::Alloc, addr as u64, s));
-        for action in ["free_requested", "free_completed"] {
-            let (slot, _) = torch_entry(&mut w, &mut frame_slots, action, addr, Err(list.expect("a list")));
-            entry_slots.push(slot);
-            expect.push((Action::from_name(action), addr as u64, s));
+        entry_slots.extend(alloc_and_free(&mut w, &mut frame_slots, addr, &stacks[s]));
+        for action in [Action::Alloc, Action::FreeRequested, Action::FreeCompleted] {
+            expect.push((action, addr as u64, s));
         }
     }
     w.raw(b"e");
@@ -581,12 +593,8 @@ fn entries_with_no_python_frame_read_back_with_their_empty_frames_list() {
     // a fresh empty list its free events name by memo reference. Half the allocations here, in runs and alone,
     // the first entry among them, so the layouts are learnt from both kinds.
     let stacks: Vec<Vec<usize>> = vec![vec![], vec![1, 2, 3], vec![4, 5], vec![]];
-    let mut w = Writer::new();
+    let mut w = first_device_trace();
     let mut frame_slots = HashMap::new();
-    w.dict_open();
-    w.str("device_traces");
-    w.list_open();
-    w.list_open();
     let mut expect = Vec::new();
     for i in 0..2000usize {
         if i > 0 && i % 333 == 0 {
@@ -594,11 +602,9 @@ fn entries_with_no_python_frame_read_back_with_their_empty_frames_list() {
         }
         let s = if i % 7 < 3 { 0 } else { 1 + i % 3 };
         let addr = 0x7f00_0000_0000 + i as i64 * 512;
-        let (_, list) = torch_entry(&mut w, &mut frame_slots, "alloc", addr, Ok(&stacks[s]));
-        expect.push((Action::Alloc, addr as u64, s));
-        for action in ["free_requested", "free_completed"] {
-            torch_entry(&mut w, &mut frame_slots, action, addr, Err(list.expect("a list")));
-            expect.push((Action::from_name(action), addr as u64, s));
+        alloc_and_free(&mut w, &mut frame_slots, addr, &stacks[s]);
+        for action in [Action::Alloc, Action::FreeRequested, Action::FreeCompleted] {
+            expect.push((action, addr as u64, s));
         }
     }
     w.raw(b"eeu.");

@@ -4,19 +4,14 @@
 
 use crate::common;
 
-use common::{oomdoc, rules_fired, stderr, stdout};
+use common::{oomdoc, rules_fired, stdout};
 use serde_json::Value;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
 fn analyze(args: &[&str]) -> Value {
-    let mut all = vec!["analyze"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--format", "json"]);
-    let o = oomdoc(&all);
-    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
+    crate::common::analyze_json(args)
 }
 
 fn verdict_fixture(name: &str) -> Value {

@@ -15,6 +15,16 @@ pub fn oomdoc(args: &[&str]) -> Output {
         .expect("oomdoc runs")
 }
 
+/// `oomdoc analyze ARGS… --format json`, which must succeed: the report as JSON.
+pub fn analyze_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["analyze"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--format", "json"]);
+    let o = oomdoc(&all);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("JSON")
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
