@@ -319,7 +319,7 @@ fn stack_of(stacks: &mut Stacks, frame_buf: &mut Vec<u32>, v: &Value) -> Option<
         Value::List(_) | Value::Tuple(_) => {
             // A stack of a thousand frames or more arrives in several batches and stays generic until now.
             let items = v.list_items()?;
-            // `frames: []` (no Python frame: the backward pass) is a third of a real trace's entries.
+            // `frames: []` (no Python frame: the backward pass): 57% of a real training trace's allocations.
             if items.is_empty() {
                 return Some(EMPTY_STACK);
             }
