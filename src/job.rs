@@ -197,8 +197,18 @@ impl Job {
                     s.spawn(|| loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some((seq, path)) = self.deferred.get(i) else { break };
-                        let result = ingest::load_deferred(path, joiner, one_file_bar)
-                            .and_then(|tl| self.analyse_timeline(&tl).map(&each));
+                        let t0 = Instant::now();
+                        let result = ingest::load_deferred(path, joiner, one_file_bar).and_then(|tl| {
+                            if self.options.timing {
+                                eprintln!(
+                                    "oomdoc: read {} in {:.3} s{}",
+                                    path.display(),
+                                    t0.elapsed().as_secs_f64(),
+                                    peak_rss()
+                                );
+                            }
+                            self.analyse_timeline(&tl).map(&each)
+                        });
                         done.lock().expect("no worker panics holding it").push((*seq, result));
                         if let Some(bar) = &bar {
                             bar.inc(1);

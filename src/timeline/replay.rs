@@ -832,14 +832,18 @@ impl Pass {
         }
     }
 
-    /// Replays `events[from..]`, the events before `from` having been replayed already.
-    fn run(&mut self, events: &[Event], from: usize, rules: &Rules, attrs: &EventAttrTable) {
+    /// Replays `events[from..]`, the events before `from` having been replayed already. With `tentative`, stops
+    /// at the first event the allocator could not have done and returns `false`: the starting state was a guess.
+    fn run(&mut self, events: &[Event], from: usize, rules: &Rules, attrs: &EventAttrTable, tentative: bool) -> bool {
         let st = &mut self.end;
         for (i, e) in events.iter().enumerate().skip(from) {
             if i % CHECKPOINT_EVERY == 0 {
                 self.checkpoints.push(st.clone());
             }
             if let Err(what) = st.apply(e, i as u32, rules, attrs) {
+                if tentative {
+                    return false;
+                }
                 self.anomalies.push(Anomaly { event: i as u32, what });
             }
             if st.allocated > self.peak_allocated.0 {
@@ -851,6 +855,7 @@ impl Pass {
             self.allocated_series.push(st.allocated);
             self.reserved_series.push(st.reserved);
         }
+        true
     }
 
     fn finish(mut self) -> Pass {
@@ -863,20 +868,36 @@ impl Pass {
 
 fn forward(dev: &DeviceTimeline, start: State, rules: &Rules) -> Pass {
     let mut pass = Pass::new(start, dev.events.len());
-    pass.run(&dev.events, 0, rules, &dev.event_attrs);
+    pass.run(&dev.events, 0, rules, &dev.event_attrs, false);
     pass.finish()
+}
+
+/// The pass from an empty device, or `None` at its first anomaly: a trace whose ring buffer wrapped (the usual
+/// case for a long run) meets one within its first events, and the pass would be thrown away.
+fn forward_from_empty(dev: &DeviceTimeline, rules: &Rules) -> Option<Pass> {
+    let mut pass = Pass::new(State::default(), dev.events.len());
+    pass.run(&dev.events, 0, rules, &dev.event_attrs, true).then(|| pass.finish())
 }
 
 impl<'t> Replay<'t> {
     pub fn new(dev: &'t DeviceTimeline, settings: Option<&AllocatorSettings>) -> Replay<'t> {
         let rules = Rules::new(settings, dev);
         // Most traces with a history start from an empty device: try that first, it needs no extra pass.
-        let mut pass = forward(dev, State::default(), &rules);
-        let mut end_mismatch = if dev.events.is_empty() { None } else { pass.end.diff(&dev.segments) };
+        let tried = forward_from_empty(dev, &rules);
+        let clean = tried.is_some();
+        let mut pass = tried.unwrap_or_else(|| Pass::new(State::default(), 0));
+        let mut end_mismatch = if dev.events.is_empty() || !clean { None } else { pass.end.diff(&dev.segments) };
         let mut completeness = Completeness::default();
-        if !dev.events.is_empty() && (!pass.anomalies.is_empty() || end_mismatch.is_some()) {
+        if !dev.events.is_empty() && (!clean || end_mismatch.is_some()) {
             completeness = self::completeness(dev);
-            if !completeness.complete() {
+            if completeness.complete() {
+                if !clean {
+                    // A whole history with events the allocator could not have done: replay it all from empty,
+                    // anomalies and all.
+                    pass = forward(dev, State::default(), &rules);
+                    end_mismatch = pass.end.diff(&dev.segments);
+                }
+            } else {
                 // The trace starts mid-way: rebuild its starting state by undoing it from the file's final state.
                 let mut st = State::from_segments(&dev.segments);
                 let mut undo_anomalies = Vec::new();
@@ -969,6 +990,7 @@ impl<'t> Replay<'t> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::timeline::Block;
 
     #[test]
     fn rounding_matches_the_allocator() {
@@ -1023,6 +1045,92 @@ mod tests {
         st.apply(&ev(Action::SegmentUnmap, a + (4 << 20), 2 << 20), 3, &r, &EventAttrTable::default()).unwrap();
         assert_eq!(st.reserved, 4 << 20);
         assert_eq!(st.largest_free_block(), 3 << 20);
+    }
+
+    fn device_of(events: Vec<Event>, segments: Vec<Segment>) -> DeviceTimeline {
+        DeviceTimeline { events, segments, ..DeviceTimeline::default() }
+    }
+
+    fn segment(address: u64, blocks: Vec<(u64, u64, BlockState)>) -> Segment {
+        Segment {
+            device: 0,
+            address,
+            total_size: blocks.iter().map(|b| b.1).sum(),
+            stream: 0,
+            kind: PoolKind::Large,
+            pool_id: (0, 0),
+            expandable: false,
+            stack: EMPTY_STACK,
+            blocks: blocks
+                .into_iter()
+                .map(|(address, size, state)| Block { address, size, requested_size: None, state, stack: EMPTY_STACK })
+                .collect(),
+            declared_allocated: None,
+            declared_active: None,
+        }
+    }
+
+    // The three ways a replay finds its starting state: the first pass from an empty device stops at its first
+    // anomaly, and what follows must be what a full pass would have given.
+    #[test]
+    fn a_whole_history_from_empty_keeps_every_anomaly() {
+        let a = 0x1000_0000;
+        // Complete (every block the trace frees, it allocated), but one alloc lands where no segment is.
+        let dev = device_of(
+            vec![
+                ev(Action::SegmentAlloc, a, 20 << 20),
+                ev(Action::Alloc, a + (30 << 20), 2 << 20),
+                ev(Action::Alloc, a, 2 << 20),
+                ev(Action::FreeRequested, a, 0),
+                ev(Action::FreeCompleted, a, 0),
+                ev(Action::FreeRequested, a + (30 << 20), 0),
+            ],
+            vec![segment(a, vec![(a, 20 << 20, BlockState::Inactive)])],
+        );
+        let r = Replay::new(&dev, None);
+        assert!(r.complete());
+        let events: Vec<u32> = r.anomalies.iter().map(|x| x.event).collect();
+        assert_eq!(events, [1, 5]);
+        assert_eq!(r.allocated_series.len(), 6);
+        assert_eq!(r.peak_allocated, (2 << 20, Some(2)));
+    }
+
+    #[test]
+    fn a_wrapped_trace_starts_from_the_state_rebuilt_backward() {
+        let a = 0x1000_0000;
+        // The block at `a` was allocated before the trace began; the trace allocates the free block after it,
+        // then frees `a`.
+        let dev = device_of(
+            vec![
+                ev(Action::Alloc, a + (4 << 20), 16 << 20),
+                ev(Action::FreeRequested, a, 4 << 20),
+                ev(Action::FreeCompleted, a, 4 << 20),
+            ],
+            vec![segment(
+                a,
+                vec![(a, 4 << 20, BlockState::Inactive), (a + (4 << 20), 16 << 20, BlockState::ActiveAllocated)],
+            )],
+        );
+        let r = Replay::new(&dev, None);
+        assert!(!r.complete());
+        assert!(r.anomalies.is_empty(), "{:?}", r.anomalies);
+        assert_eq!(r.end_mismatch, None);
+        assert_eq!(r.allocated_series.first(), Some(&(20 << 20)));
+        assert_eq!(r.allocated_series.last(), Some(&(16 << 20)));
+    }
+
+    #[test]
+    fn a_clean_history_from_empty_needs_no_second_pass() {
+        let a = 0x1000_0000;
+        let dev = device_of(
+            vec![ev(Action::SegmentAlloc, a, 20 << 20), ev(Action::Alloc, a, 20 << 20)],
+            vec![segment(a, vec![(a, 20 << 20, BlockState::ActiveAllocated)])],
+        );
+        let r = Replay::new(&dev, None);
+        assert!(r.complete());
+        assert!(r.anomalies.is_empty());
+        assert_eq!(r.end_mismatch, None);
+        assert_eq!(r.allocated_series, [0, 20 << 20]);
     }
 
     #[test]

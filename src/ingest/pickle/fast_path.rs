@@ -404,11 +404,10 @@ impl<B: Builder> Machine<'_, B> {
             // `Machine::recall`).
             if empty {
                 self.scratch.truncate(mark);
-                let v = Value::PendingList(NO_SLOT);
-                if let Some(m) = slot.and_then(|slot| self.memo.get_mut(slot)) {
-                    *m = v.clone();
+                if let Some(slot) = slot {
+                    self.memo.close_empty_list(slot);
                 }
-                return Ok(Some(v));
+                return Ok(Some(Value::PendingList(NO_SLOT)));
             }
             let replaced = if n < BATCH { self.builder.close_list(&self.scratch[mark..]) } else { None };
             match replaced {

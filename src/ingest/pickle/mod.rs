@@ -355,6 +355,21 @@ mod tests {
     }
 
     #[test]
+    fn a_closed_empty_list_referenced_again_is_one_list() {
+        // `{'a': []}` with the list in memo slot 3, closed by SETITEM (so the fast path keeps it in its slot word),
+        // then two references to slot 3 with an APPEND between them: both are the same list.
+        let p = [
+            128, 4, b']', 148, b'(', b'}', 148, 140, 1, b'a', 148, b']', 148, b's', b'h', 3, b'K', 5, b'a', b'h', 3,
+            b'e', b'.',
+        ];
+        let parsed = parse(&p).unwrap();
+        let items = parsed.value.list_items().expect("a list");
+        assert_eq!(items.len(), 3);
+        assert_eq!(render(&items[1], &parsed.strings), "[5]");
+        assert_eq!(render(&items[2], &parsed.strings), "[5]");
+    }
+
+    #[test]
     fn sparse_memo_index_costs_one_entry() {
         // LONG_BINPUT 0xFFFFFFF0 then LONG_BINGET it.
         let p = [0x80, 4, b'K', 7, b'r', 0xf0, 0xff, 0xff, 0xff, b'0', b'j', 0xf0, 0xff, 0xff, 0xff, b'.'];
