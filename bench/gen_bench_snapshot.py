@@ -26,6 +26,10 @@ Variants:
             is streamed by a small writer that emits exactly the bytes pickle.dump(protocol=4) would write
             (same opcodes, memo numbering, MEMOIZE and 64 KiB FRAMEs); --selftest checks this byte for byte.
 
+--stacks python records what _record_memory_history(stacks="python") does (and oomdoc.record() asks for): Python
+frames only, and `frames: []` for whatever the autograd engine allocates and frees on its own thread (about 40% of
+the allocations here, 38-62% in real python-stack training traces). Default: all (native and Python frames).
+
 Python 3 standard library only; output is deterministic (fixed seeds).
 """
 
@@ -42,6 +46,7 @@ from array import array
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 STACK_DEPTH = 37         # frames per stack (--depth); tuned so 1M unshared entries are ~760 MB
 VARIANTS_PER_SITE = 30  # stack variants per (kind, context, op); tuned so ~2,000 stacks are used
+PYTHON_STACKS = False   # --stacks python: what _record_memory_history(stacks="python") records
 
 # ----------------------------------------------------------------------------------------------------------
 # Frames
@@ -280,6 +285,11 @@ class StackPool:
     def _build(self, kind, ctx, op, node, evaluating, v):
         rng = random.Random(zlib.crc32(repr((kind, ctx, op, node, evaluating, v)).encode()))
         py = python_path(ctx, rng, evaluating)
+        if PYTHON_STACKS:
+            # Python frames only, as deep as the code is. The autograd engine runs the backward of CUDA tensors
+            # on its own thread, where no Python frame is: torch records `frames: []` for what it allocates
+            # and frees (57% of the allocations of a real training trace, bench/real/).
+            return () if kind in ("bwd_alloc", "bwd_free") else tuple(py)
         if kind == "alloc":
             return fit(CORE_ALLOC + op_cpp(op) + py)
         if kind == "bwd_alloc":
@@ -954,8 +964,11 @@ def stats(path):
     depths = [len(fr) for fr in with_frames]
     if not with_frames:
         return {"entries": len(trace), "keys": sorted({k for e in trace[:1000] for k in e})}
+    allocs = [e for e in trace if e.get("action") == "alloc"]
     return {
         "entries": len(trace),
+        # stacks="python" leaves what the autograd engine allocates with no frame at all
+        "allocs_without_frames": round(sum(1 for e in allocs if not e.get("frames")) / max(len(allocs), 1), 3),
         "lists_per_entry": round(len({id(fr) for fr in with_frames}) / len(with_frames), 3),
         "distinct_stacks": len({tuple(id(x) for x in fr) for fr in with_frames}),
         "frame_dicts": len({id(x) for fr in with_frames for x in fr}),
@@ -1162,7 +1175,9 @@ def stream_unshared(f, pool, alloc, tr):
         if c is None:
             c = Chunk()
             c.mark()
-            c.raw(b"]\x94(")
+            # pickle writes an empty list as `] MEMOIZE`, one item with APPEND, more within MARK … APPENDS.
+            depth = len(pool.stacks[sid])
+            c.raw(b"]\x94(" if depth > 1 else b"]\x94")
             for fid in pool.stacks[sid]:
                 fc = frame_chunk(fid)
                 if fc is None:
@@ -1170,7 +1185,8 @@ def stream_unshared(f, pool, alloc, tr):
                 base = len(c.data)
                 c.data += fc.data
                 c.bounds += [base + o for o in fc.bounds]
-            c.raw(b"e")
+            if depth:
+                c.raw(b"e" if depth > 1 else b"a")
             c.data = bytes(c.data)
             blob_cache[sid] = c
         return c
@@ -1188,7 +1204,6 @@ def stream_unshared(f, pool, alloc, tr):
     act_refs = [None] * 4
     n = len(tr)
     A_, AD, SZ, TM, ST = tr.action, tr.addr, tr.size, tr.time, tr.stack
-    MEMO_PER_ENTRY = 1 + 1 + STACK_DEPTH
 
     def slow(i):
         p.save(trace_entry(tr, i, objs))
@@ -1200,7 +1215,7 @@ def stream_unshared(f, pool, alloc, tr):
         head = b"".join(pieces)
         buf = p.buf
         total = 3 + len(head) + len(sc.data) + 1
-        p.n += MEMO_PER_ENTRY
+        p.n += 2 + len(pool.stacks[ST[i]])  # the entry, its list, each fresh frame dict
         if len(buf) + total < FRAME_TARGET:
             buf += b"}\x94("
             buf += head
@@ -1297,22 +1312,28 @@ def generate(n, variant, out, writer="auto", quiet=False):
         if variant == "real":
             st = stats(out)
             print("%s: %d entries, lists/entry %.3f, %d distinct stacks, %d frame dicts, depth median %s max %d, "
-                  "%.1f bytes/entry, keys %s" % (out, st["entries"], st["lists_per_entry"], st["distinct_stacks"],
-                                                 st["frame_dicts"], st["depth_median"], st["depth_max"],
-                                                 st["bytes_per_entry"], ",".join(st["keys"])))
+                  "%.1f bytes/entry, %.0f%% of allocations without frames, keys %s"
+                  % (out, st["entries"], st["lists_per_entry"], st["distinct_stacks"], st["frame_dicts"],
+                     st["depth_median"], st["depth_max"], st["bytes_per_entry"], 100 * st["allocs_without_frames"],
+                     ",".join(st["keys"])))
 
 
 def selftest():
+    global PYTHON_STACKS
     import tempfile
     ok = True
     with tempfile.TemporaryDirectory() as d:
-        for n in (1, 2, 3, 999, 1000, 1001, 2000, 30000):
-            a, b = os.path.join(d, "a"), os.path.join(d, "b")
-            generate(n, "unshared", a, "pickle", quiet=True)
-            generate(n, "unshared", b, "stream", quiet=True)
-            same = open(a, "rb").read() == open(b, "rb").read()
-            print("entries=%-6d stream writer %s pickle.dump" % (n, "==" if same else "!="))
-            ok &= same
+        for python in (False, True):
+            PYTHON_STACKS = python
+            for n in (1, 2, 3, 999, 1000, 1001, 2000, 30000):
+                a, b = os.path.join(d, "a"), os.path.join(d, "b")
+                generate(n, "unshared", a, "pickle", quiet=True)
+                generate(n, "unshared", b, "stream", quiet=True)
+                same = open(a, "rb").read() == open(b, "rb").read()
+                print("stacks=%-6s entries=%-6d stream writer %s pickle.dump"
+                      % ("python" if python else "all", n, "==" if same else "!="))
+                ok &= same
+    PYTHON_STACKS = False
     return ok
 
 
@@ -1325,7 +1346,7 @@ def verify(path):
     segs = {}
     for e in trace:
         a = e["action"]
-        assert len(e["frames"]) == len(trace[0]["frames"]), "stack depth differs"
+        assert PYTHON_STACKS or len(e["frames"]) == len(trace[0]["frames"]), "stack depth differs"
         if a == "alloc":
             assert e["addr"] not in live
             live[e["addr"]] = e["size"]
@@ -1414,7 +1435,7 @@ def verify(path):
 
 
 def main():
-    global STACK_DEPTH
+    global STACK_DEPTH, PYTHON_STACKS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--entries", type=int)
     ap.add_argument("--variant", choices=["real", "shared", "unshared"])
@@ -1424,11 +1445,15 @@ def main():
                     help="frames per stack (default %(default)s: 1M unshared entries ~760 MB; 30 gives ~650 MB)")
     ap.add_argument("--writer", choices=["auto", "pickle", "stream"], default="auto",
                     help="auto: pickle.dump for shared, the streaming writer for unshared")
+    ap.add_argument("--stacks", choices=["all", "python"], default="all",
+                    help="as torch's _record_memory_history(stacks=...): all (native and Python frames, default) "
+                         "or python (Python frames only; the autograd engine's allocations get none)")
     ap.add_argument("--verify", metavar="PICKLE", help="load a generated file and check it")
     ap.add_argument("--selftest", action="store_true", help="stream writer == pickle.dump, byte for byte")
     a = ap.parse_args()
     if a.selftest:
         sys.exit(0 if selftest() else 1)
+    PYTHON_STACKS = a.stacks == "python"
     if a.verify:
         verify(a.verify)
         return

@@ -4,10 +4,11 @@
 #   bench/run.sh [100k|1m|all]      (default: all)
 #
 # Generates any missing snapshot into bench/data/ (bench/gen_bench_snapshot.py): per size, `real` (what torch
-# writes: a fresh frames list per allocation, frame dicts shared), `shared` (one list per stack: a best case) and
-# `unshared` (every frame dict written afresh: a worst case); for 1m also the real trace torch wrote on an H200
-# (bench/real/, unpacked into bench/data/). Then for each file measures,
-# in the same run:
+# writes: a fresh frames list per allocation, frame dicts shared), `real-python` (the same recorded with
+# stacks="python", as `oomdoc.record()` does: Python frames only, none for the autograd engine's allocations),
+# `shared` (one list per stack: a best case) and `unshared` (every frame dict written afresh: a worst case); for
+# 1m also the real trace torch wrote on an H200 (bench/real/, unpacked into bench/data/). Then for each file
+# measures, in the same run:
 #   oomdoc:  target/release/oomdoc analyze --format json --no-progress FILE > /dev/null   (best of 3)
 #   python:  python3 -c 'import pickle,sys; pickle.load(open(sys.argv[1],"rb"))' FILE      (best of 2; 1 for 1M)
 # and prints a Markdown table: best wall time, peak RSS (max over the runs), speed-up and RSS ratio.
@@ -22,7 +23,7 @@ case "$which" in
   100k) sizes=(100k) ;;
   1m) sizes=(1m) ;;
   all) sizes=(100k 1m) ;;
-  -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
   *) echo "usage: bench/run.sh [100k|1m|all]" >&2; exit 2 ;;
 esac
 
@@ -46,11 +47,13 @@ entries_of() { case "$1" in 100k) echo 100000 ;; 1m) echo 1000000 ;; esac; }
 
 # generate what is missing
 for sz in "${sizes[@]}"; do
-  for v in real shared unshared; do
+  for v in real real-python shared unshared; do
     f="$DATA/snap-$sz-$v.pickle"
+    args=(--variant "$v")
+    if [ "$v" = real-python ]; then args=(--variant real --stacks python); fi
     if [ ! -s "$f" ]; then
       echo "== generating $f" >&2
-      "$PYTHON" bench/gen_bench_snapshot.py --entries "$(entries_of "$sz")" --variant "$v" -o "$f" >&2 \
+      "$PYTHON" bench/gen_bench_snapshot.py --entries "$(entries_of "$sz")" "${args[@]}" -o "$f" >&2 \
         || { echo "generation of $f failed" >&2; exit 1; }
     fi
   done
@@ -96,7 +99,8 @@ max() { awk -v a="$1" -v b="$2" 'BEGIN { print (a == "" || b + 0 > a + 0) ? b : 
 rows=()
 status=0
 for sz in "${sizes[@]}"; do
-  files=("$DATA/snap-$sz-real.pickle" "$DATA/snap-$sz-shared.pickle" "$DATA/snap-$sz-unshared.pickle")
+  files=("$DATA/snap-$sz-real.pickle" "$DATA/snap-$sz-real-python.pickle" "$DATA/snap-$sz-shared.pickle"
+         "$DATA/snap-$sz-unshared.pickle")
   if [ "$sz" = 1m ]; then files+=("$REAL_TRACE"); fi
   for f in "${files[@]}"; do
     bytes=$(stat -c %s "$f")

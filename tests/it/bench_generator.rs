@@ -73,3 +73,56 @@ fn the_real_variant_has_the_statistics_of_real_snapshots() {
     let _ = std::fs::remove_file(&file);
     assert_eq!(events, 20000);
 }
+
+#[test]
+fn the_python_stacks_variant_has_the_statistics_of_python_stack_captures() {
+    // Traces recorded with `stacks="python"` (what `oomdoc.record()` asks for) during training: the autograd
+    // engine's allocations have no Python frame, so they are the ones with allocations that have no frames.
+    let mut range = [(f64::MAX, f64::MIN); 3];
+    let keys = ["lists_per_entry", "bytes_per_entry", "allocs_without_frames"];
+    let mut measured = Vec::new();
+    let real_gpu = std::fs::read_dir("fixtures/real-gpu").expect("fixtures/real-gpu");
+    let files = std::fs::read_dir("fixtures/real")
+        .expect("fixtures/real")
+        .map(|e| e.expect("entry").path())
+        .chain(real_gpu.map(|e| e.expect("entry").path().join("snapshot.pickle")));
+    for path in files {
+        if path.extension().is_none_or(|x| x != "pickle") || !path.is_file() {
+            continue;
+        }
+        let s = stats(&path);
+        if s["entries"].as_u64().unwrap_or(0) < 1000 || s["allocs_without_frames"].as_f64().unwrap_or(0.0) == 0.0 {
+            continue;
+        }
+        for (r, k) in range.iter_mut().zip(keys) {
+            let x = figure(&s, k);
+            *r = (r.0.min(x), r.1.max(x));
+        }
+        measured.push(path);
+    }
+    assert!(measured.len() >= 4, "python-stack training traces: {measured:?}");
+
+    let file = std::env::temp_dir().join(format!("oomdoc-bench-python-{}.pickle", std::process::id()));
+    let gen = Command::new("python3")
+        .args(["bench/gen_bench_snapshot.py", "--variant", "real", "--stacks", "python", "--entries", "100000", "-o"])
+        .arg(&file)
+        .output()
+        .expect("python3 runs");
+    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    let s = stats(&file);
+    for (r, k) in range.iter().zip(keys) {
+        let x = figure(&s, k);
+        assert!(r.0 <= x && x <= r.1, "{k} {x}, real python-stack traces {r:?} ({measured:?})");
+    }
+    let tl = oomdoc::ingest::snapshot::read(&std::fs::read(&file).expect("read")[..], None)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .timeline;
+    let _ = std::fs::remove_file(&file);
+    let events = &tl.devices[0].events;
+    assert_eq!(events.len(), 100_000);
+    // The entries without frames are read as such: the empty stack, not a stack of their neighbour's.
+    let allocs: Vec<_> = events.iter().filter(|e| e.action == oomdoc::timeline::Action::Alloc).collect();
+    let empty = allocs.iter().filter(|e| e.stack == oomdoc::timeline::stacks::EMPTY_STACK).count();
+    let share = empty as f64 / allocs.len() as f64;
+    assert!((share - figure(&s, "allocs_without_frames")).abs() < 0.001, "{share} {s}");
+}
