@@ -879,41 +879,77 @@ fn forward_from_empty(dev: &DeviceTimeline, rules: &Rules) -> Option<Pass> {
     pass.run(&dev.events, 0, rules, &dev.event_attrs, true).then(|| pass.finish())
 }
 
+/// The state before the first event, rebuilt by undoing the trace from the file's final state, and the events
+/// that could not be undone.
+fn undo_all(dev: &DeviceTimeline, rules: &Rules) -> (State, Vec<Anomaly>) {
+    let mut st = State::from_segments(&dev.segments);
+    let mut undo_anomalies = Vec::new();
+    for (i, e) in dev.events.iter().enumerate().rev() {
+        if let Err(what) = st.unapply(e, rules, &dev.event_attrs) {
+            undo_anomalies.push(Anomaly { event: i as u32, what });
+        }
+    }
+    undo_anomalies.reverse();
+    (st, undo_anomalies)
+}
+
+/// The pass from the state `undo_all` rebuilt, with the undo's anomalies first.
+fn forward_from_undone(dev: &DeviceTimeline, (start, undo_anomalies): (State, Vec<Anomaly>), rules: &Rules) -> Pass {
+    let mut pass = forward(dev, start, rules);
+    pass.anomalies.splice(0..0, undo_anomalies);
+    pass
+}
+
 impl<'t> Replay<'t> {
     pub fn new(dev: &'t DeviceTimeline, settings: Option<&AllocatorSettings>) -> Replay<'t> {
         let rules = Rules::new(settings, dev);
         // Most traces with a history start from an empty device: try that first, it needs no extra pass.
-        let tried = forward_from_empty(dev, &rules);
-        let clean = tried.is_some();
-        let mut pass = tried.unwrap_or_else(|| Pass::new(State::default(), 0));
-        let mut end_mismatch = if dev.events.is_empty() || !clean { None } else { pass.end.diff(&dev.segments) };
-        let mut completeness = Completeness::default();
-        if !dev.events.is_empty() && (!clean || end_mismatch.is_some()) {
-            completeness = self::completeness(dev);
-            if completeness.complete() {
-                if !clean {
-                    // A whole history with events the allocator could not have done: replay it all from empty,
-                    // anomalies and all.
-                    pass = forward(dev, State::default(), &rules);
-                    end_mismatch = pass.end.diff(&dev.segments);
-                }
-            } else {
-                // The trace starts mid-way: rebuild its starting state by undoing it from the file's final state.
-                let mut st = State::from_segments(&dev.segments);
-                let mut undo_anomalies = Vec::new();
-                for (i, e) in dev.events.iter().enumerate().rev() {
-                    if let Err(what) = st.unapply(e, &rules, &dev.event_attrs) {
-                        undo_anomalies.push(Anomaly { event: i as u32, what });
+        let (pass, completeness) = match forward_from_empty(dev, &rules) {
+            Some(pass) if dev.events.is_empty() => (pass, self::completeness(dev)),
+            // Every event applied; if the end is not the file's, rebuild the start when the trace is not whole.
+            Some(pass) => match pass.end.diff(&dev.segments) {
+                None => return Replay::of(dev, rules, Completeness::default(), pass, None),
+                Some(_) => {
+                    let completeness = self::completeness(dev);
+                    if completeness.complete() {
+                        (pass, completeness)
+                    } else {
+                        (forward_from_undone(dev, undo_all(dev, &rules), &rules), completeness)
                     }
                 }
-                pass = forward(dev, st, &rules);
-                undo_anomalies.reverse();
-                pass.anomalies.splice(0..0, undo_anomalies);
-                end_mismatch = pass.end.diff(&dev.segments);
+            },
+            // Mostly a trace that starts mid-way (its ring buffer wrapped): its start is rebuilt by undoing it from
+            // the file's final state, while another core counts what it lacks, which decides between the two.
+            None => {
+                let (completeness, undone) = std::thread::scope(|s| {
+                    let counting = std::thread::Builder::new().spawn_scoped(s, || self::completeness(dev)).ok();
+                    let undone = undo_all(dev, &rules);
+                    let completeness = match counting {
+                        Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                        None => self::completeness(dev),
+                    };
+                    (completeness, undone)
+                });
+                if completeness.complete() {
+                    // A whole history with events the allocator could not have done: replay it all from empty,
+                    // anomalies and all.
+                    (forward(dev, State::default(), &rules), completeness)
+                } else {
+                    (forward_from_undone(dev, undone, &rules), completeness)
+                }
             }
-        } else if dev.events.is_empty() {
-            completeness = self::completeness(dev);
-        }
+        };
+        let end_mismatch = if dev.events.is_empty() { None } else { pass.end.diff(&dev.segments) };
+        Replay::of(dev, rules, completeness, pass, end_mismatch)
+    }
+
+    fn of(
+        dev: &'t DeviceTimeline,
+        rules: Rules,
+        completeness: Completeness,
+        pass: Pass,
+        end_mismatch: Option<String>,
+    ) -> Replay<'t> {
         Replay {
             dev,
             rules,
