@@ -216,35 +216,33 @@ impl<B: Builder> Machine<'_, B> {
         let scratch_mark = self.scratch.len();
         let builder_mark = self.builder.mark();
         let mut cur = Cursor { buf: &input.buf[input.pos..input.end], pos: 0 };
-        let r = self.fast_body(&mut cur, is_dict, 0, off + 1);
-        match r {
-            Ok(Some(v)) => {
+        match self.fast_body(&mut cur, is_dict, 0, off + 1) {
+            Some(v) => {
                 input.pos += cur.pos;
                 Ok(Some(v))
             }
-            Ok(None) => {
+            None => {
+                if let Some(e) = self.fast_error.take() {
+                    return Err(e);
+                }
                 self.memo.rewind(memo_mark);
                 self.scratch.truncate(scratch_mark);
                 self.builder.rewind(builder_mark);
                 Ok(None)
             }
-            Err(e) => Err(e),
         }
     }
 
     /// Body of a fast container: `[memo] ( items u|e` or `[memo] item a` / `[memo] key value s`.
-    pub(super) fn fast_body(
-        &mut self,
-        cur: &mut Cursor,
-        is_dict: bool,
-        depth: u32,
-        base: u64,
-    ) -> Result<Option<Value>, PickleError> {
+    pub(super) fn fast_body(&mut self, cur: &mut Cursor, is_dict: bool, depth: u32, base: u64) -> Option<Value> {
         // A layout holds its keys as they were when it was learnt: once a memo slot has been stored twice, a key's
         // memo reference may mean another key, so layouts are no longer trusted.
         if is_dict && !self.memo.overwritten && self.records.worth_trying() {
-            if let Some(v) = self.known_record(cur, depth, base)? {
-                return Ok(Some(v));
+            if let Some(v) = self.known_record(cur, depth, base) {
+                return Some(v);
+            }
+            if self.fast_error.is_some() {
+                return None;
             }
         }
         let body_start = cur.pos;
@@ -254,14 +252,12 @@ impl<B: Builder> Machine<'_, B> {
                 Some(self.memo.dense_len() as u32)
             }
             Some(b'q') => {
-                let Some(i) = cur.at(1) else { return Ok(None) };
+                let i = cur.at(1)?;
                 cur.pos += 2;
                 Some(i as u32)
             }
             Some(b'r') => {
-                let Some(b) = cur.slice(1, 4) else {
-                    return Ok(None);
-                };
+                let b = cur.slice(1, 4)?;
                 let i = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 cur.pos += 5;
                 Some(i)
@@ -270,7 +266,7 @@ impl<B: Builder> Machine<'_, B> {
         };
         if let Some(slot) = slot {
             if slot as usize != self.memo.dense_len() {
-                return Ok(None);
+                return None;
             }
             let pending = if is_dict { Value::PendingDict(slot) } else { Value::PendingList(slot) };
             self.memo.push(pending);
@@ -285,20 +281,20 @@ impl<B: Builder> Machine<'_, B> {
                 false
             }
             Some(_) => true,
-            None => return Ok(None),
+            None => return None,
         };
         if is_dict && !single && !empty {
-            match self.fast_record(cur, depth, base, body_start)? {
+            match self.fast_record(cur, depth, base, body_start) {
                 Record::Done(v) => {
                     if let Some(slot) = slot {
                         if let Some(m) = self.memo.get_mut(slot) {
                             *m = v.clone();
                         }
                     }
-                    return Ok(Some(v));
+                    return Some(v);
                 }
                 Record::NotOne => {}
-                Record::GiveUp => return Ok(None),
+                Record::GiveUp => return None,
             }
         }
         let (close_many, close_one) = if is_dict { (b'u', b's') } else { (b'e', b'a') };
@@ -307,17 +303,15 @@ impl<B: Builder> Machine<'_, B> {
             if empty {
                 break;
             }
-            let Some(op) = cur.next() else {
-                return Ok(None);
-            };
+            let op = cur.next()?;
             match op {
                 _ if op == close_many && !single => break,
                 _ if op == close_one && single => break,
                 b'h' | b'j' => {
-                    let Some(idx) = memo_index(cur, op) else { return Ok(None) };
+                    let idx = memo_index(cur, op)?;
                     match self.memo.dense_get(idx as usize).as_deref() {
-                        Some(v) if v.is_open() => return Ok(None),
-                        None => return Ok(None),
+                        Some(v) if v.is_open() => return None,
+                        None => return None,
                         Some(v) => self.scratch.push(v.clone()),
                     }
                 }
@@ -325,18 +319,16 @@ impl<B: Builder> Machine<'_, B> {
                     let idx = match op {
                         0x94 => self.memo.dense_len() as u32,
                         b'q' => {
-                            let Some(b) = cur.next() else { return Ok(None) };
+                            let b = cur.next()?;
                             b as u32
                         }
                         _ => {
-                            let Some(b) = cur.take(4) else {
-                                return Ok(None);
-                            };
+                            let b = cur.take(4)?;
                             u32::from_le_bytes([b[0], b[1], b[2], b[3]])
                         }
                     };
                     if idx as usize != self.memo.dense_len() || self.scratch.len() == mark {
-                        return Ok(None);
+                        return None;
                     }
                     let top = self.scratch.last().expect("checked").clone();
                     self.memo.push(top);
@@ -344,7 +336,7 @@ impl<B: Builder> Machine<'_, B> {
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
                     if self.scratch.len() < mark + n {
-                        return Ok(None);
+                        return None;
                     }
                     let at = self.scratch.len() - n;
                     let t = match &self.scratch[at..] {
@@ -354,7 +346,7 @@ impl<B: Builder> Machine<'_, B> {
                         items => {
                             let d = items.iter().map(Value::depth).max().unwrap_or(0) + 1;
                             if d > MAX_DEPTH {
-                                return Ok(None);
+                                return None;
                             }
                             Value::Tuple(Rc::new(Tuple { depth: d, items: items.to_vec() }))
                         }
@@ -363,28 +355,32 @@ impl<B: Builder> Machine<'_, B> {
                     self.scratch.push(t);
                 }
                 // One level of nesting: the frames list of a trace entry, the frame dicts of a stack.
-                b'}' | b']' if depth < 2 => match self.fast_nested(cur, op, depth, base)? {
+                b'}' | b']' if depth < 2 => match self.fast_nested(cur, op, depth, base) {
                     Some(v) => self.scratch.push(v),
-                    None => return Ok(None),
+                    None => return None,
                 },
                 _ => match fast_scalar(cur, op, &mut self.strings) {
                     Some(v) => self.scratch.push(v),
-                    None => return Ok(None),
+                    None => return None,
                 },
             }
         }
         let n = self.scratch.len() - mark;
         if single && n != if is_dict { 2 } else { 1 } {
-            return Ok(None);
+            return None;
         }
         let v = if is_dict {
             if !n.is_multiple_of(2) {
-                return Ok(None);
+                return None;
             }
             let replaced = if n / 2 < BATCH {
-                self.builder
-                    .close_dict(&self.strings, &self.scratch[mark..])
-                    .map_err(|m| Self::err(base + cur.pos as u64, m))?
+                match self.builder.close_dict(&self.strings, &self.scratch[mark..]) {
+                    Ok(v) => v,
+                    Err(m) => {
+                        self.fast_error = Some(Self::err(base + cur.pos as u64, m));
+                        return None;
+                    }
+                }
             } else {
                 None
             };
@@ -393,7 +389,7 @@ impl<B: Builder> Machine<'_, B> {
                 None => {
                     let d = self.scratch[mark..].iter().map(Value::depth).max().unwrap_or(0) + 1;
                     if d > MAX_DEPTH {
-                        return Ok(None);
+                        return None;
                     }
                     let items = self.scratch[mark..].to_vec();
                     Value::Dict(Rc::new(RefCell::new(Dict { depth: d, items })))
@@ -407,7 +403,7 @@ impl<B: Builder> Machine<'_, B> {
                 if let Some(slot) = slot {
                     self.memo.close_empty_list(slot);
                 }
-                return Ok(Some(Value::PendingList(NO_SLOT)));
+                return Some(Value::PendingList(NO_SLOT));
             }
             let replaced = if n < BATCH { self.builder.close_list(&self.scratch[mark..]) } else { None };
             match replaced {
@@ -415,7 +411,7 @@ impl<B: Builder> Machine<'_, B> {
                 None => {
                     let d = self.scratch[mark..].iter().map(Value::depth).max().unwrap_or(0) + 1;
                     if d > MAX_DEPTH {
-                        return Ok(None);
+                        return None;
                     }
                     Value::List(Rc::new(RefCell::new(List::new(d, &mut self.scratch, mark))))
                 }
@@ -427,23 +423,17 @@ impl<B: Builder> Machine<'_, B> {
                 *m = v.clone();
             }
         }
-        Ok(Some(v))
+        Some(v)
     }
 
     /// A container nested in a fast container, its opening opcode `op` just read: replayed from the span cache
     /// when its bytes were seen before, decoded otherwise.
-    pub(super) fn fast_nested(
-        &mut self,
-        cur: &mut Cursor,
-        op: u8,
-        depth: u32,
-        base: u64,
-    ) -> Result<Option<Value>, PickleError> {
+    pub(super) fn fast_nested(&mut self, cur: &mut Cursor, op: u8, depth: u32, base: u64) -> Option<Value> {
         let start = cur.pos - 1;
         // A list of memo references (a trace entry's fresh `frames` list) is looked up by its references.
         let refs = if op == b']' && !self.memo.overwritten { self.ref_list(cur) } else { RefList::No };
         let refs_key = match refs {
-            RefList::Known(v) => return Ok(Some(v)),
+            RefList::Known(v) => return Some(v),
             RefList::New(key) => Some(key),
             RefList::No => None,
         };
@@ -456,19 +446,17 @@ impl<B: Builder> Machine<'_, B> {
                 let e = &self.spans.entries[i as usize];
                 self.memo.slots.extend(e.memo.clone().map(|k| k | SPAN_BIT));
                 cur.pos = end;
-                return Ok(Some(e.value.clone()));
+                return Some(e.value.clone());
             }
         }
         let memo_mark = self.memo.dense_len();
-        let Some(v) = self.fast_body(cur, op == b'}', depth + 1, base)? else {
-            return Ok(None);
-        };
+        let v = self.fast_body(cur, op == b'}', depth + 1, base)?;
         if let Some(key) = refs_key {
             self.remember_refs(&cur.buf[key], &v);
         } else if let Some(end) = span.filter(|&e| e == cur.pos) {
             self.remember_span(&cur.buf[start..end], &v, memo_mark);
         }
-        Ok(Some(v))
+        Some(v)
     }
 
     /// Just after an EMPTY_LIST: a list stored in the next memo slot whose items are only memo references,

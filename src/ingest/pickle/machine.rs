@@ -15,6 +15,10 @@ pub(super) struct Machine<'b, B: Builder> {
     pub(super) refs: FxHashMap<Box<[u8]>, Value>,
     pub(super) refs_len: usize,
     pub(super) records: RecordShapes,
+    /// An error the fast path met (a builder refusing a dict): its functions return `None` as when they give up,
+    /// and the caller that left the opcode loop reports it. Kept out of their return values, which then fit in
+    /// two registers: a `Result` with the error in it was a memory round trip for every trace entry.
+    pub(super) fast_error: Option<PickleError>,
 }
 
 impl<B: Builder> Machine<'_, B> {

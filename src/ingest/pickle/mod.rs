@@ -125,6 +125,7 @@ pub fn read<R: Read, B: Builder>(
         refs: FxHashMap::default(),
         refs_len: 0,
         records: RecordShapes::default(),
+        fast_error: None,
     };
     let value = m.run(&mut input)?;
     if m.memo.overflow {
@@ -367,6 +368,37 @@ mod tests {
         assert_eq!(items.len(), 3);
         assert_eq!(render(&items[1], &parsed.strings), "[5]");
         assert_eq!(render(&items[2], &parsed.strings), "[5]");
+    }
+
+    /// Refuses any dict holding the key 'bad': a snapshot builder refusing a malformed trace entry.
+    struct Refusing;
+
+    impl Builder for Refusing {
+        fn close_dict(&mut self, strings: &Strings, items: &[Value]) -> Result<Option<Value>, String> {
+            match items.iter().step_by(2).any(|k| matches!(k, Value::Str(id) if strings.get(*id) == "bad")) {
+                true => Err("a bad dict".into()),
+                false => Ok(None),
+            }
+        }
+        fn close_list(&mut self, _: &[Value]) -> Option<Value> {
+            None
+        }
+    }
+
+    #[test]
+    fn a_builder_refusing_a_dict_on_the_fast_path_stops_the_read_there() {
+        // [{'ok': 1}, [{'bad': 2}]]: the refused dict is nested in a list the fast path reads whole. Its error is
+        // the read's, at the byte past the dict's SETITEM where the fast path met it (the generic machine would
+        // name the SETITEM itself, byte 27), and the dicts before it are read as usual.
+        let p = [
+            128, 4, b']', 148, b'(', b'}', 148, 140, 2, b'o', b'k', 148, b'K', 1, b's', b']', 148, b'}', 148, 140, 3,
+            b'b', b'a', b'd', 148, b'K', 2, b's', b'a', b'e', b'.',
+        ];
+        let e = read(&p[..], &mut Refusing, Strings::default(), None).err().expect("refused");
+        assert!(matches!(&e, PickleError::Malformed { offset: 28, message } if message == "a bad dict"), "{e}");
+        let mut ok = p;
+        ok[21] = b'x';
+        assert!(read(&ok[..], &mut Refusing, Strings::default(), None).is_ok());
     }
 
     #[test]

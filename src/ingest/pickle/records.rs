@@ -289,7 +289,10 @@ impl<B: Builder> Machine<'_, B> {
         loop {
             let mut cur = Cursor { buf: &input.buf[input.pos..input.end], pos: 0 };
             let base = input.offset();
-            let Some(v) = self.known_record(&mut cur, 0, base)? else {
+            let Some(v) = self.known_record(&mut cur, 0, base) else {
+                if let Some(e) = self.fast_error.take() {
+                    return Err(e);
+                }
                 if first {
                     return Ok(false);
                 }
@@ -317,13 +320,7 @@ impl<B: Builder> Machine<'_, B> {
     /// containers; anything else gives the record up to the generic path. A record made only of memo-referenced
     /// keys and fixed-width values also teaches its byte layout to [`RecordShapes`] (`body_start`: where the
     /// dict's bytes begin, after its EMPTY_DICT).
-    pub(super) fn fast_record(
-        &mut self,
-        cur: &mut Cursor,
-        depth: u32,
-        base: u64,
-        body_start: usize,
-    ) -> Result<Record, PickleError> {
+    pub(super) fn fast_record(&mut self, cur: &mut Cursor, depth: u32, base: u64, body_start: usize) -> Record {
         let start = cur.pos;
         let memo_mark = self.memo.mark();
         let mut fields = 0usize;
@@ -397,7 +394,7 @@ impl<B: Builder> Machine<'_, B> {
                         fixed = false;
                     }
                     tail = Some((key, cur.pos - body_start));
-                    match self.fast_nested(cur, op, depth, base)? {
+                    match self.fast_nested(cur, op, depth, base) {
                         Some(v) => self.builder.record_field(key, &v),
                         None => false,
                     }
@@ -465,21 +462,16 @@ impl<B: Builder> Machine<'_, B> {
             other => other,
         };
         self.records.learning = layout;
-        Ok(outcome)
+        outcome
     }
 
     /// A record whose bytes match a layout learnt from an earlier one (see [`RecordShapes`]): its fields are read
     /// at their known offsets and sent to the builder, then its tail, if its layout has one, the ordinary way.
     /// `None` (nothing consumed, nothing stored) if no layout matches or the record cannot be finished here; the
     /// ordinary path then reads it. `depth` and `base` are as for [`Self::fast_body`].
-    pub(super) fn known_record(
-        &mut self,
-        cur: &mut Cursor,
-        depth: u32,
-        base: u64,
-    ) -> Result<Option<Value>, PickleError> {
+    pub(super) fn known_record(&mut self, cur: &mut Cursor, depth: u32, base: u64) -> Option<Value> {
         let rest = &cur.buf[cur.pos..];
-        let Some(i) = self.records.matching(rest) else { return Ok(None) };
+        let i = self.records.matching(rest)?;
         let shape = &self.records.shapes[i];
         let slot = match shape.slot {
             Slot::None => None,
@@ -488,16 +480,16 @@ impl<B: Builder> Machine<'_, B> {
             Slot::Put4 => Some(u32::from_le_bytes([rest[1], rest[2], rest[3], rest[4]])),
         };
         if slot.is_some_and(|s| s as usize != self.memo.dense_len()) || !self.builder.record_begin(shape.first_key) {
-            return Ok(None);
+            return None;
         }
         if !shape.stores {
-            return Ok(self.known_fixed_record(cur, i, slot.is_some()));
+            return self.known_fixed_record(cur, i, slot.is_some());
         }
         let memo_mark = self.memo.mark();
         let builder_mark = self.builder.mark();
         let scratch_mark = self.scratch.len();
         let v = self.known_storing_record(cur, i, slot, depth, base);
-        if !matches!(v, Ok(Some(_))) {
+        if v.is_none() {
             self.memo.rewind(memo_mark);
             self.builder.rewind(builder_mark);
             self.scratch.truncate(scratch_mark);
@@ -555,7 +547,7 @@ impl<B: Builder> Machine<'_, B> {
         slot: Option<u32>,
         depth: u32,
         base: u64,
-    ) -> Result<Option<Value>, PickleError> {
+    ) -> Option<Value> {
         if slot.is_some() {
             self.memo.push_pending();
         }
@@ -567,11 +559,11 @@ impl<B: Builder> Machine<'_, B> {
                 Arg::Ref1 | Arg::Ref4 => {
                     let idx = f.arg.memo_index(rest, at);
                     match self.memo.dense_get(idx).as_deref() {
-                        Some(v) if v.is_open() => return Ok(None),
-                        None => return Ok(None),
+                        Some(v) if v.is_open() => return None,
+                        None => return None,
                         Some(v) => {
                             if !self.builder.record_field(f.key, v) {
-                                return Ok(None);
+                                return None;
                             }
                             continue;
                         }
@@ -583,35 +575,32 @@ impl<B: Builder> Machine<'_, B> {
                     }
                     Value::Str(id)
                 }
-                arg => match arg.value(rest, at) {
-                    Some(v) => v,
-                    None => return Ok(None),
-                },
+                arg => arg.value(rest, at)?,
             };
             if !self.builder.record_field(f.key, &v) {
-                return Ok(None);
+                return None;
             }
         }
         let (len, tail) = (shape.len, shape.tail);
         if let Some(key) = tail {
             if depth >= 2 {
-                return Ok(None);
+                return None;
             }
             let mut c = Cursor { buf: cur.buf, pos: cur.pos + len };
             let op = c.buf[c.pos - 1];
-            let Some(v) = self.fast_nested(&mut c, op, depth, base)? else { return Ok(None) };
+            let v = self.fast_nested(&mut c, op, depth, base)?;
             if !self.builder.record_field(key, &v) || c.next() != Some(b'u') {
-                return Ok(None);
+                return None;
             }
             cur.pos = c.pos;
         } else {
             cur.pos += len;
         }
-        let Some(v) = self.builder.record_end() else { return Ok(None) };
+        let v = self.builder.record_end()?;
         if let Some(slot) = slot {
             self.memo.fill_pending(slot, &v);
         }
         self.records.hit(i);
-        Ok(Some(v))
+        Some(v)
     }
 }
