@@ -47,10 +47,21 @@ pub(super) const SMALL_MAX: u32 = 1 << 29;
 /// 16-byte value besides its slot.
 pub(super) const EMPTY_LIST: u32 = INLINE_SMALL | SMALL_STR | (SMALL_MAX - 1);
 
-/// A memo value: stored in a table, or made from its slot.
+/// A memo value: stored in a table, or made from its slot. What a slot holds inline (a str, a `Custom`, a closed
+/// empty list) owns nothing, so `Inline` needs no drop: without the `ManuallyDrop`, every memo reference read on
+/// the fast path paid a call to `Value`'s drop glue.
 pub(super) enum MemoRef<'a> {
     Stored(&'a Value),
-    Inline(Value),
+    Inline(std::mem::ManuallyDrop<Value>),
+}
+
+impl MemoRef<'_> {
+    /// Only for values that own nothing (no `Rc` inside), which is all a slot can hold.
+    #[inline]
+    fn inline(v: Value) -> Self {
+        debug_assert!(matches!(v, Value::Str(_) | Value::Custom(..) | Value::PendingList(NO_SLOT)));
+        MemoRef::Inline(std::mem::ManuallyDrop::new(v))
+    }
 }
 
 impl std::ops::Deref for MemoRef<'_> {
@@ -201,11 +212,11 @@ impl Memo {
         let s = *self.slots.get(i)?;
         match s & TAG {
             0 => self.values.get(s as usize).map(MemoRef::Stored),
-            INLINE_BIT => Some(MemoRef::Inline(Value::Custom(self.inline_kind.unwrap_or(0), s & !TAG))),
+            INLINE_BIT => Some(MemoRef::inline(Value::Custom(self.inline_kind.unwrap_or(0), s & !TAG))),
             SPAN_BIT => self.span_values.get((s & !TAG) as usize).map(MemoRef::Stored),
-            _ if s == EMPTY_LIST => Some(MemoRef::Inline(Value::PendingList(NO_SLOT))),
-            _ if s & SMALL_STR != 0 => Some(MemoRef::Inline(Value::Str(s & (SMALL_MAX - 1)))),
-            _ => Some(MemoRef::Inline(Value::Custom(self.inline_kind_b.unwrap_or(0), s & (SMALL_MAX - 1)))),
+            _ if s == EMPTY_LIST => Some(MemoRef::inline(Value::PendingList(NO_SLOT))),
+            _ if s & SMALL_STR != 0 => Some(MemoRef::inline(Value::Str(s & (SMALL_MAX - 1)))),
+            _ => Some(MemoRef::inline(Value::Custom(self.inline_kind_b.unwrap_or(0), s & (SMALL_MAX - 1)))),
         }
     }
 

@@ -573,9 +573,10 @@ impl<B: Builder> Machine<'_, B> {
                     if memo {
                         self.memo.push(Value::Str(id));
                     }
-                    Value::Str(id)
+                    std::mem::ManuallyDrop::new(Value::Str(id))
                 }
-                arg => arg.value(rest, at)?,
+                // A number, None, a bool or a str id: nothing to drop (as in `known_fixed_record`).
+                arg => std::mem::ManuallyDrop::new(arg.value(rest, at)?),
             };
             if !self.builder.record_field(f.key, &v) {
                 return None;
