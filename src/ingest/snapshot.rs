@@ -193,7 +193,7 @@ impl EntryCx {
     }
 
     /// Puts one trace-entry field into `e` and `a`: the one decoder of both the streamed and the collected path.
-    #[inline]
+    #[inline(always)]
     fn field(&mut self, e: &mut Event, a: &mut EventAttrs, key: StrId, v: &Value) -> Result<(), String> {
         match key {
             k::ACTION => {
