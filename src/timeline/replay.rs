@@ -909,13 +909,12 @@ impl<'t> Replay<'t> {
             // Every event applied; if the end is not the file's, rebuild the start when the trace is not whole.
             Some(pass) => match pass.end.diff(&dev.segments) {
                 None => return Replay::of(dev, rules, Completeness::default(), pass, None),
-                Some(_) => {
+                Some(mismatch) => {
                     let completeness = self::completeness(dev);
                     if completeness.complete() {
-                        (pass, completeness)
-                    } else {
-                        (forward_from_undone(dev, undo_all(dev, &rules), &rules), completeness)
+                        return Replay::of(dev, rules, completeness, pass, Some(mismatch));
                     }
+                    (forward_from_undone(dev, undo_all(dev, &rules), &rules), completeness)
                 }
             },
             // Mostly a trace that starts mid-way (its ring buffer wrapped): its start is rebuilt by undoing it from
