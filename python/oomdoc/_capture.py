@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import warnings
 
 from . import _binary
@@ -185,6 +186,19 @@ class SmiSampler:
                 stderr=subprocess.DEVNULL,
             )
         return self
+
+    def wait_for_a_sample(self, timeout=1.0):
+        """An OOM in the job's first moments can come before nvidia-smi has printed a line: give it up to `timeout`
+        seconds, while it runs, to write its header and one sample."""
+        deadline = time.monotonic() + timeout
+        while self.process is not None and self.process.poll() is None and time.monotonic() < deadline:
+            try:
+                with open(self.path, "rb") as f:
+                    if f.read().count(b"\n") >= 2:
+                        return
+            except OSError:
+                return
+            time.sleep(0.02)
 
     def stop(self):
         if self.process is not None:
@@ -369,6 +383,8 @@ class Recorder:
 
     def _print_verdict(self, path, total_memory=None, memory_cap=None):
         files = [path]
+        if self._smi is not None:
+            self._smi.wait_for_a_sample()
         if self.smi_path and os.path.exists(self.smi_path) and os.path.getsize(self.smi_path) > 0:
             files.append(self.smi_path)
         color = _color_on(sys.stderr)
