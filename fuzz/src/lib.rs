@@ -51,11 +51,44 @@ pub fn pickle(data: &[u8]) {
     let _ = pickle::read(Cursor::new(data), &mut pickle::PlainBuilder, Default::default(), None);
 }
 
-/// A snapshot read through the snapshot builder (records, known layouts), then the whole analysis.
+/// A snapshot read through the snapshot builder (records, known layouts), then the whole analysis. It is read twice:
+/// on one thread, and again with a helper thread offered the later part of the trace (`pickle::split`), which must
+/// give the same snapshot or the same error.
 pub fn snapshot(data: &[u8]) {
-    if let Ok(s) = snapshot::read_sized(Cursor::new(data), data.len() as u64, None) {
+    let one = snapshot::read_sized(Cursor::new(data), data.len() as u64, None);
+    let split = split_source(data);
+    let two = snapshot::read_split(Cursor::new(data), data.len() as u64, None, Some(split));
+    match (&one, &two) {
+        (Ok(a), Ok(b)) => {
+            assert_eq!(a.format_version, b.format_version, "the split read dates the file otherwise");
+            assert!(format!("{:?}", a.timeline) == format!("{:?}", b.timeline), "the split read differs");
+        }
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "the split read fails otherwise"),
+        _ => panic!("the split read and the one-thread read disagree on whether the file reads"),
+    }
+    if let Ok(s) = one {
         analyse_and_render(s.timeline);
     }
+}
+
+/// Bytes shared by the readers of one file.
+struct Shared(std::sync::Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for Shared {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A way to read `data` again from any offset, on any thread, as a file is reopened.
+pub fn split_source(data: &[u8]) -> pickle::SplitSource {
+    let bytes = std::sync::Arc::new(data.to_vec());
+    let reopen: pickle::Reopen = std::sync::Arc::new(move |offset| {
+        let mut c = Cursor::new(Shared(bytes.clone()));
+        c.set_position(offset);
+        Ok(Box::new(c) as Box<dyn std::io::Read + Send>)
+    });
+    pickle::SplitSource { reopen, len: data.len() as u64 }
 }
 
 pub fn oom_log(data: &[u8]) {

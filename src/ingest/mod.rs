@@ -263,14 +263,18 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
     let file = File::open(path).map_err(io_err)?;
     let progress = progress_bar(show_progress, len, &shown);
     let callback = progress.clone().map(|bar| Box::new(move |pos: u64| bar.set_position(pos)) as Box<dyn FnMut(u64)>);
+    let split = split_source(path, len);
     let result = match read_ahead::ReadAhead::start(file) {
-        Ok(ahead) => snapshot::read_sized(ahead, len, callback),
-        Err(file) => snapshot::read_sized(file, len, callback),
+        Ok(ahead) => snapshot::read_split(ahead, len, callback, split),
+        Err(file) => snapshot::read_split(file, len, callback, split),
     };
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
     let snap = result.map_err(|e| Error::Input { path: shown.clone(), source: e.into() })?;
+    if let (Some(s), Some(_)) = (snap.split, std::env::var_os("OOMDOC_TIMING")) {
+        eprintln!("oomdoc: a helper thread read {} trace entries, bytes {}..{} of {shown}", s.records, s.from, s.to);
+    }
     let mut tl = snap.timeline;
     tl.inputs.push(InputInfo {
         path: shown,
@@ -281,6 +285,30 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
         ..InputInfo::default()
     });
     Ok(tl)
+}
+
+/// Files smaller than this are read on one thread: a second pays only on a long trace.
+const SPLIT_MIN_BYTES: u64 = 32 << 20;
+
+/// How a plain file's trace may be read in two parts at once (see `pickle::split`): by opening it again. Off with
+/// `OOMDOC_SPLIT=0`, or below `OOMDOC_SPLIT_MIN_BYTES` (default 32 MiB), or on a machine with one core.
+fn split_source(path: &Path, len: u64) -> Option<pickle::SplitSource> {
+    if std::env::var_os("OOMDOC_SPLIT").is_some_and(|v| v == "0") {
+        return None;
+    }
+    let min = std::env::var("OOMDOC_SPLIT_MIN_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(SPLIT_MIN_BYTES);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if len < min || cores < 2 {
+        return None;
+    }
+    let path = path.to_path_buf();
+    let reopen: pickle::Reopen = std::sync::Arc::new(move |offset| {
+        use std::io::Seek;
+        let mut f = File::open(&path)?;
+        f.seek(std::io::SeekFrom::Start(offset))?;
+        Ok(Box::new(f) as Box<dyn Read + Send>)
+    });
+    Some(pickle::SplitSource { reopen, len })
 }
 
 /// A progress bar over `len` bytes of `name`, when asked for, on a terminal, and the input is big enough to wait.

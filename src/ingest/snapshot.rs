@@ -5,7 +5,7 @@
 
 use std::io::Read;
 
-use super::pickle::{self, dict_get, Builder, Value};
+use super::pickle::{self, dict_get, holds_gap, Builder, Value, GAP};
 use crate::timeline::stacks::{Frame, StackId, Stacks, StrId, Strings, EMPTY_STACK};
 use crate::timeline::{
     Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTimeline, Event, EventAttrTable, EventAttrs,
@@ -162,13 +162,31 @@ struct SnapshotBuilder {
     rec_attrs: EventAttrs,
     /// The keys seen before the open record began: what a given-up record must not leave behind.
     seen_before: Seen,
+    /// The id of `events[0]`: 0, or on a fork the records read before it.
+    first_event: u32,
+    /// On a fork (a helper reading a later part of the trace): what it started from, and what it has kept.
+    fork: Option<Fork>,
 }
+
+/// A fork's bounds: it may make nothing that the builder it came from could make meanwhile.
+struct Fork {
+    frames: usize,
+    stacks: usize,
+    attrs: usize,
+    kept_events: usize,
+    kept_seen: Seen,
+}
+
+/// The stack of an event on a fork whose frames are a list the fork cannot see, in memo slot `stack & !DEFERRED`.
+const DEFERRED: StackId = 1 << 31;
 
 /// What decoding a trace entry's fields needs besides the entry itself.
 struct EntryCx {
     stacks: Stacks,
     frame_buf: Vec<u32>,
     seen: Seen,
+    /// On a fork: frames in a memo slot it cannot see are deferred, not refused.
+    defer: bool,
 }
 
 /// Which optional trace-entry keys the file uses (they date it).
@@ -181,6 +199,18 @@ struct Seen {
     internal_metadata: bool,
 }
 
+impl Seen {
+    fn or(self, o: Seen) -> Seen {
+        Seen {
+            time: self.time || o.time,
+            compile_context: self.compile_context || o.compile_context,
+            user_metadata: self.user_metadata || o.user_metadata,
+            pool_id: self.pool_id || o.pool_id,
+            internal_metadata: self.internal_metadata || o.internal_metadata,
+        }
+    }
+}
+
 fn want_u64(v: &Value, key: &str, what: &str) -> Result<u64, String> {
     v.as_u64().ok_or_else(|| format!("{what}: '{key}' is {}, expected a non-negative int", v.type_name()))
 }
@@ -189,7 +219,7 @@ const W: &str = "trace entry";
 
 impl EntryCx {
     fn new() -> EntryCx {
-        EntryCx { stacks: Stacks::default(), frame_buf: Vec::new(), seen: Seen::default() }
+        EntryCx { stacks: Stacks::default(), frame_buf: Vec::new(), seen: Seen::default(), defer: false }
     }
 
     /// Puts one trace-entry field into `e` and `a`: the one decoder of both the streamed and the collected path.
@@ -216,30 +246,29 @@ impl EntryCx {
                 self.seen.time = true;
             }
             k::FRAMES => {
-                e.stack = stack_of(&mut self.stacks, &mut self.frame_buf, v).ok_or_else(|| {
-                    let first_bad = v.list_items().and_then(|items| {
-                        items
-                            .iter()
-                            .position(|it| !matches!(it, Value::Custom(FRAME, _)))
-                            .map(|i| (i, items[i].type_name()))
-                    });
-                    match first_bad {
-                        Some((i, t)) => format!("{W}: 'frames' item {i} is {t}, expected a frame dict"),
-                        None => format!("{W}: 'frames' is {}, expected a list of frames", v.type_name()),
-                    }
-                })?
+                e.stack = match stack_of(&mut self.stacks, &mut self.frame_buf, v) {
+                    Some(s) => s,
+                    None => self.unknown_frames(v)?,
+                }
             }
             k::COMPILE_CONTEXT => {
-                a.compile_context = v.as_str_id().unwrap_or(NO_STR);
+                a.compile_context = match v.as_str_id() {
+                    Some(s) => s,
+                    None => self.no_str(v)?,
+                };
                 self.seen.compile_context = true;
             }
             k::USER_METADATA => {
-                a.user_metadata = v.as_str_id().unwrap_or(NO_STR);
+                a.user_metadata = match v.as_str_id() {
+                    Some(s) => s,
+                    None => self.no_str(v)?,
+                };
                 self.seen.user_metadata = true;
             }
             k::POOL_ID => {
-                if let Some(p) = pair(v) {
-                    a.set_pool_id(p);
+                match pair(v) {
+                    Some(p) => a.set_pool_id(p),
+                    None => _ = self.no_str(v)?,
                 }
                 self.seen.pool_id = true;
             }
@@ -248,6 +277,33 @@ impl EntryCx {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A `frames` value that is no stack: an error, or on a fork a list it cannot see, deferred.
+    #[cold]
+    fn unknown_frames(&self, v: &Value) -> Result<StackId, String> {
+        if let Value::Custom(GAP, slot) = *v {
+            if self.defer && slot < DEFERRED {
+                return Ok(DEFERRED | slot);
+            }
+        }
+        let first_bad = v.list_items().and_then(|items| {
+            items.iter().position(|it| !matches!(it, Value::Custom(FRAME, _))).map(|i| (i, items[i].type_name()))
+        });
+        Err(match first_bad {
+            Some((i, t)) => format!("{W}: 'frames' item {i} is {t}, expected a frame dict"),
+            None => format!("{W}: 'frames' is {}, expected a list of frames", v.type_name()),
+        })
+    }
+
+    /// A value read as absent (no str, no pool id); on a fork, one it cannot see is refused instead, since what it
+    /// stands for may be present.
+    #[cold]
+    fn no_str(&self, v: &Value) -> Result<StrId, String> {
+        match self.defer && holds_gap(v) {
+            true => Err(format!("{W}: a value in a part of the file not read yet")),
+            false => Ok(NO_STR),
+        }
     }
 }
 
@@ -299,7 +355,10 @@ impl SnapshotBuilder {
     fn push_event(&mut self, mut e: Event, a: EventAttrs) -> Result<Value, String> {
         self.close_open();
         self.event_attrs.assign(&mut e, a).map_err(|e| e.to_string())?;
-        let idx = u32::try_from(self.events.len()).map_err(|_| "more than 4 billion trace entries".to_string())?;
+        let idx = u32::try_from(self.events.len())
+            .ok()
+            .and_then(|i| i.checked_add(self.first_event))
+            .ok_or_else(|| "more than 4 billion trace entries".to_string())?;
         self.events.push(e);
         Ok(Value::Custom(TRACE, idx))
     }
@@ -385,7 +444,7 @@ impl Builder for SnapshotBuilder {
     }
 
     fn record_end(&mut self) -> Option<Value> {
-        let idx = u32::try_from((self.events.len()).checked_sub(1)?).ok()?;
+        let idx = u32::try_from((self.events.len()).checked_sub(1)?).ok()?.checked_add(self.first_event)?;
         let e = self.events.last_mut().filter(|_| self.open)?;
         self.event_attrs.assign(e, self.rec_attrs).ok()?;
         self.open = false;
@@ -403,6 +462,93 @@ impl Builder for SnapshotBuilder {
     fn rewind(&mut self, mark: usize) {
         self.close_open();
         self.events.truncate(mark);
+    }
+
+    fn fork(&self) -> Option<Self> {
+        if self.open || self.fork.is_some() {
+            return None;
+        }
+        let first_event = u32::try_from(self.events.len()).ok()?.checked_add(self.first_event)?;
+        let events: Vec<Event> = Vec::with_capacity(self.events.capacity() - self.events.len());
+        crate::huge_pages::advise(&events);
+        let stacks = self.cx.stacks.clone();
+        Some(SnapshotBuilder {
+            fork: Some(Fork {
+                frames: stacks.frame_count(),
+                stacks: stacks.stack_count(),
+                attrs: self.event_attrs.len(),
+                kept_events: 0,
+                kept_seen: Seen::default(),
+            }),
+            cx: EntryCx { stacks, frame_buf: Vec::new(), seen: Seen::default(), defer: true },
+            events,
+            event_attrs: self.event_attrs.clone(),
+            open: false,
+            rec_attrs: EventAttrs::default(),
+            seen_before: Seen::default(),
+            first_event,
+        })
+    }
+
+    fn fork_batch_done(&mut self, records: usize) -> bool {
+        let Some(f) = self.fork.as_mut() else { return false };
+        let intact = !self.open
+            && self.events.len() == records
+            && self.cx.stacks.frame_count() == f.frames
+            && self.cx.stacks.stack_count() == f.stacks
+            && self.event_attrs.len() == f.attrs;
+        if intact {
+            f.kept_events = records;
+            f.kept_seen = self.cx.seen;
+        }
+        intact
+    }
+
+    fn adopt(&mut self, fork: Self, records: usize, resolve: &dyn Fn(u32) -> Option<Value>) -> bool {
+        let Some(f) = fork.fork.as_ref() else { return false };
+        let first = u32::try_from(self.events.len()).ok().and_then(|n| n.checked_add(self.first_event));
+        if self.open || f.kept_events != records || fork.events.len() < records || first.is_none() {
+            return false;
+        }
+        let taken = &fork.events[..records];
+        // Resolved before anything changes, without interning: a stack new here would take an id out of turn.
+        let mut resolved = Vec::new();
+        for (j, e) in taken.iter().enumerate() {
+            if e.stack & DEFERRED == 0 {
+                continue;
+            }
+            let Some(v) = resolve(e.stack & !DEFERRED) else { return false };
+            let stack = match &v {
+                Value::Custom(STACK, id) => *id,
+                Value::PendingList(_) => EMPTY_STACK,
+                Value::List(_) | Value::Tuple(_) => {
+                    let Some(items) = v.list_items() else { return false };
+                    let mut frames = Vec::with_capacity(items.len());
+                    for it in items.iter() {
+                        match it {
+                            Value::Custom(FRAME, f) => frames.push(*f),
+                            _ => return false,
+                        }
+                    }
+                    match frames.is_empty() {
+                        true => EMPTY_STACK,
+                        false => match self.cx.stacks.find_stack(&frames) {
+                            Some(s) => s,
+                            None => return false,
+                        },
+                    }
+                }
+                _ => return false,
+            };
+            resolved.push((j, stack));
+        }
+        let at = self.events.len();
+        self.events.extend_from_slice(taken);
+        for (j, stack) in resolved {
+            self.events[at + j].stack = stack;
+        }
+        self.cx.seen = self.cx.seen.or(f.kept_seen);
+        true
     }
 
     fn close_list(&mut self, items: &[Value]) -> Option<Value> {
@@ -425,6 +571,8 @@ pub struct Snapshot {
     pub format_version: String,
     pub protocol: u8,
     pub bytes: u64,
+    /// What a helper thread read of the trace, when one did.
+    pub split: Option<pickle::SplitStats>,
 }
 
 /// Reads a snapshot from a stream. `Err` carries a message without the path; the caller adds it.
@@ -439,6 +587,17 @@ const MIN_ENTRY_BYTES: u64 = 48;
 
 /// [`read`], told the file's length (0: unknown) to size the event table once.
 pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)>>) -> Result<Snapshot, SnapshotError> {
+    read_split(src, len, progress, None)
+}
+
+/// [`read_sized`], given a way to open the file again at an offset: a long trace is then read in two parts at
+/// once (see `pickle::split`), with the same result.
+pub fn read_split<R: Read>(
+    src: R,
+    len: u64,
+    progress: Option<Box<dyn FnMut(u64)>>,
+    split: Option<pickle::SplitSource>,
+) -> Result<Snapshot, SnapshotError> {
     let mut strings = Strings::default();
     intern_keys(&mut strings);
     // Capped so that a hostile length cannot reserve absurd address space.
@@ -456,8 +615,10 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
         open: false,
         rec_attrs: EventAttrs::default(),
         seen_before: Seen::default(),
+        first_event: 0,
+        fork: None,
     };
-    let parsed = pickle::read(src, &mut b, strings, progress)?;
+    let parsed = pickle::read_split(src, &mut b, strings, progress, split)?;
     b.close_open();
     let cx = std::mem::replace(&mut b.cx, EntryCx::new());
     let event_attrs = std::mem::take(&mut b.event_attrs);
@@ -606,7 +767,13 @@ pub fn read_sized<R: Read>(src: R, len: u64, progress: Option<Box<dyn FnMut(u64)
     tl.stacks = d.stacks;
     tl.strings = parsed.strings;
     fill_capture_info(&mut tl, version.time);
-    Ok(Snapshot { timeline: tl, format_version, protocol: parsed.protocol, bytes: parsed.bytes_read })
+    Ok(Snapshot {
+        timeline: tl,
+        format_version,
+        protocol: parsed.protocol,
+        bytes: parsed.bytes_read,
+        split: parsed.split,
+    })
 }
 
 /// Converted event `j`. Every trace value the reader hands out names an event it keeps, so the fallback (an

@@ -10,7 +10,7 @@ pub type FrameId = u32;
 pub type StackId = u32;
 pub const EMPTY_STACK: StackId = 0;
 
-#[derive(Default, Debug)]
+#[derive(Default, Debug, Clone)]
 pub struct Strings {
     set: IndexSet<Box<str>, FxBuildHasher>,
 }
@@ -58,7 +58,7 @@ pub struct Frame {
     pub line: i64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Stacks {
     frames: IndexSet<Frame, FxBuildHasher>,
     stacks: IndexSet<Box<[FrameId]>, FxBuildHasher>,
@@ -84,6 +84,11 @@ impl Stacks {
             return i as StackId;
         }
         self.stacks.insert_full(frames.into()).0 as StackId
+    }
+
+    /// The id of a stack interned before, without interning it.
+    pub fn find_stack(&self, frames: &[FrameId]) -> Option<StackId> {
+        self.stacks.get_index_of(frames).map(|i| i as StackId)
     }
 
     pub fn frame(&self, id: FrameId) -> Frame {

@@ -165,7 +165,7 @@ fn list_and_dict_opcodes_with_items_are_read_not_panicked_on() {
 
 #[path = "../../fuzz/src/lib.rs"]
 #[allow(dead_code)]
-mod fuzz_targets;
+pub(crate) mod fuzz_targets;
 
 /// Every input a fuzz target ever crashed on (`fuzz/regressions/<target>/`), replayed through the same target
 /// code the fuzzer ran: none may panic again.

@@ -29,6 +29,7 @@ mod real_gpu;
 mod real_snapshots;
 mod record_layouts;
 mod scenarios;
+mod split_read;
 mod text_artifacts;
 mod tui_screens;
 mod verdict;

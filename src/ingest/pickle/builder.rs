@@ -2,8 +2,9 @@
 
 use super::*;
 
-/// Hooks that see containers as they close and may replace them with compact values.
-pub trait Builder {
+/// Hooks that see containers as they close and may replace them with compact values. `Send` so that a fork of it
+/// can read a later part of the pickle on another thread (see [`Builder::fork`]).
+pub trait Builder: Send + 'static {
     /// `items` are the dict's keys and values interleaved. Return `Ok(Some(v))` to stand `v` in for the dict,
     /// `Ok(None)` to keep a generic dict, `Err(message)` if the dict has the expected shape but bad contents.
     fn close_dict(&mut self, strings: &Strings, items: &[Value]) -> Result<Option<Value>, String>;
@@ -42,6 +43,29 @@ pub trait Builder {
     /// Forgets what the builder made since `mark`: the fast path gave up a container whose nested records the
     /// builder had already closed, and the generic path is about to read them again.
     fn rewind(&mut self, _mark: usize) {}
+    /// A builder for a helper thread that reads a later part of a long list of records: it knows what this one
+    /// knows now, numbers its records after this one's, and must not make anything new that this one could also
+    /// make meanwhile (a string, a frame, a stack: [`Builder::fork_batch_done`] says whether it did). Values from
+    /// memo slots the helper cannot see arrive as `Custom(GAP, slot)`. `None`: no forking.
+    fn fork(&self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
+    /// On a fork: a batch of records ended, and the fork has made `records` since it began; whether they stand as
+    /// they would in this builder's place (then they are kept, else the batch is dropped and the helper stops).
+    fn fork_batch_done(&mut self, _records: usize) -> bool {
+        false
+    }
+    /// Takes a fork's first `records` records as the next ones, resolving what it deferred through `resolve`
+    /// (the value of a memo slot). `false`, with nothing changed, when they cannot be taken.
+    fn adopt(&mut self, _fork: Self, _records: usize, _resolve: &dyn Fn(u32) -> Option<Value>) -> bool
+    where
+        Self: Sized,
+    {
+        false
+    }
 }
 
 /// A builder that keeps everything generic.

@@ -309,7 +309,7 @@ impl<B: Builder> Machine<'_, B> {
                 _ if op == close_one && single => break,
                 b'h' | b'j' => {
                     let idx = memo_index(cur, op)?;
-                    match self.memo.dense_get(idx as usize).as_deref() {
+                    match self.memo.referenced(idx as usize).as_deref() {
                         Some(v) if v.is_open() => return None,
                         None => return None,
                         Some(v) => self.scratch.push(v.clone()),

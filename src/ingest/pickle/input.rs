@@ -46,11 +46,22 @@ pub(super) struct Input<R> {
     pub(super) base: u64,
     pub(super) eof: bool,
     pub(super) progress: Option<Box<dyn FnMut(u64) + 'static>>,
+    /// Where reading goes on instead of `src`, once a helper has read the part in between (see `split`).
+    pub(super) replacement: Option<Box<dyn Read + Send>>,
 }
 
 impl<R: Read> Input<R> {
     pub(super) fn new(src: R) -> Self {
-        Input { src, buf: vec![0; BUF_SIZE], pos: 0, end: 0, base: 0, eof: false, progress: None }
+        Input { src, buf: vec![0; BUF_SIZE], pos: 0, end: 0, base: 0, eof: false, progress: None, replacement: None }
+    }
+
+    /// Goes on reading from `src`, which stands at file offset `offset`, dropping what is buffered.
+    pub(super) fn restart_at(&mut self, src: Box<dyn Read + Send>, offset: u64) {
+        self.replacement = Some(src);
+        self.pos = 0;
+        self.end = 0;
+        self.base = offset;
+        self.eof = false;
     }
 
     #[inline]
@@ -78,7 +89,10 @@ impl<R: Read> Input<R> {
                 let grow = self.buf.len().min(n - self.end).max(BUF_SIZE);
                 self.buf.resize(self.buf.len() + grow, 0);
             }
-            let read = self.src.read(&mut self.buf[self.end..]);
+            let read = match self.replacement.as_mut() {
+                Some(r) => r.read(&mut self.buf[self.end..]),
+                None => self.src.read(&mut self.buf[self.end..]),
+            };
             match read {
                 Ok(0) => self.eof = true,
                 Ok(k) => self.end += k,

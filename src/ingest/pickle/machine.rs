@@ -19,6 +19,14 @@ pub(super) struct Machine<'b, B: Builder> {
     /// and the caller that left the opcode loop reports it. Kept out of their return values, which then fit in
     /// two registers: a `Result` with the error in it was a memory round trip for every trace entry.
     pub(super) fast_error: Option<PickleError>,
+    /// A helper reading a later part of the pickle (see `split`), and the offset from which a MARK asks it how it
+    /// goes (`u64::MAX`: never).
+    pub(super) split: Option<Box<Split<B>>>,
+    pub(super) split_check_at: u64,
+    /// On a helper: `run` returns when an APPENDS leaves fewer marks than this (the end of a batch). 0 on the main
+    /// thread: never.
+    pub(super) batch_stop: usize,
+    pub(super) split_stats: Option<SplitStats>,
 }
 
 impl<B: Builder> Machine<'_, B> {
@@ -55,7 +63,12 @@ impl<B: Builder> Machine<'_, B> {
                     let v = self.pop(off, "STOP")?;
                     return Ok(v);
                 }
-                b'(' => self.marks.push(self.stack.len()),
+                b'(' => {
+                    if off >= self.split_check_at && self.split_step(input, off)? {
+                        continue;
+                    }
+                    self.marks.push(self.stack.len())
+                }
                 b'N' => self.stack.push(Value::None),
                 0x88 => self.stack.push(Value::Bool(true)),
                 0x89 => self.stack.push(Value::Bool(false)),
@@ -221,7 +234,12 @@ impl<B: Builder> Machine<'_, B> {
                     let at = self.stack.len() - 1;
                     self.extend_list(at, at - 1, off)?;
                 }
-                b'e' | 0x90 => self.appends(off)?,
+                b'e' | 0x90 => {
+                    self.appends(off)?;
+                    if self.marks.len() < self.batch_stop {
+                        return Ok(Value::None);
+                    }
+                }
                 b's' => {
                     if self.stack.len() < 3 {
                         return Err(Self::err(off, "SETITEM needs a dict, a key and a value"));
@@ -333,7 +351,7 @@ impl<B: Builder> Machine<'_, B> {
     }
 
     pub(super) fn recall(&mut self, idx: u32, off: u64) -> Result<(), PickleError> {
-        let v = match self.memo.get(idx) {
+        let v = match self.memo.recalled(idx) {
             Some(v) => v.clone(),
             None => return Err(Self::err(off, format!("memo reference {idx} to a value never stored"))),
         };

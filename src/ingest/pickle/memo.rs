@@ -10,7 +10,6 @@ use super::*;
 /// million: a str (torch writes each entry's `compile_context` afresh), and the builder's `Custom` values of two
 /// kinds (trace entries, frame lists). A snapshot whose frames are not shared has ~30 memo slots per trace entry;
 /// at 16 bytes a slot that alone was 500 MB for a million entries.
-#[derive(Default)]
 pub(super) struct Memo {
     pub(super) slots: Vec<u32>,
     pub(super) values: Vec<Value>,
@@ -26,6 +25,26 @@ pub(super) struct Memo {
     pub(super) inline_kind_b: Option<u8>,
     /// Index in `values` of the one `PendingDict` that the slots of records still being read point to.
     pub(super) pending_at: Option<u32>,
+    /// A reference from the file to this slot or a later one reads as a gap: on a helper (see `split`), whose own
+    /// slots follow the ones it started with, but which does not know how many slots lie between.
+    pub(super) visible: usize,
+}
+
+impl Default for Memo {
+    fn default() -> Memo {
+        Memo {
+            slots: Vec::new(),
+            values: Vec::new(),
+            span_values: Vec::new(),
+            sparse: FxHashMap::default(),
+            overwritten: false,
+            overflow: false,
+            inline_kind: None,
+            inline_kind_b: None,
+            pending_at: None,
+            visible: usize::MAX,
+        }
+    }
 }
 
 /// A slot's top two bits say what the rest is: an index into `values` (00), `Custom(inline_kind, id)` (01), an
@@ -46,6 +65,11 @@ pub(super) const SMALL_MAX: u32 = 1 << 29;
 /// `frames: []` for every allocation with no Python frame, 57% of a real training trace's, and each would cost a
 /// 16-byte value besides its slot.
 pub(super) const EMPTY_LIST: u32 = INLINE_SMALL | SMALL_STR | (SMALL_MAX - 1);
+
+/// The slot word of a slot a helper reading the later part of a pickle cannot see (see `split`): stored in the
+/// part the main thread is still reading, or holding a value that cannot cross threads. It reads as
+/// `Custom(GAP, its own index)`. Never in the main thread's memo.
+pub(super) const GAP_WORD: u32 = INLINE_SMALL | SMALL_STR | (SMALL_MAX - 2);
 
 /// A memo value: stored in a table, or made from its slot. What a slot holds inline (a str, a `Custom`, a closed
 /// empty list) owns nothing, so `Inline` needs no drop: without the `ManuallyDrop`, every memo reference read on
@@ -86,7 +110,7 @@ impl Memo {
     pub(super) fn push(&mut self, v: Value) {
         match v {
             Value::Custom(kind, id) => return self.push_custom(kind, id),
-            Value::Str(id) if id < SMALL_MAX - 1 => return self.push_slot(INLINE_SMALL | SMALL_STR | id),
+            Value::Str(id) if id < SMALL_MAX - 2 => return self.push_slot(INLINE_SMALL | SMALL_STR | id),
             Value::PendingList(NO_SLOT) => return self.push_slot(EMPTY_LIST),
             _ => {}
         }
@@ -215,9 +239,25 @@ impl Memo {
             INLINE_BIT => Some(MemoRef::inline(Value::Custom(self.inline_kind.unwrap_or(0), s & !TAG))),
             SPAN_BIT => self.span_values.get((s & !TAG) as usize).map(MemoRef::Stored),
             _ if s == EMPTY_LIST => Some(MemoRef::inline(Value::PendingList(NO_SLOT))),
+            _ if s == GAP_WORD => Some(MemoRef::inline(Value::Custom(GAP, i as u32))),
             _ if s & SMALL_STR != 0 => Some(MemoRef::inline(Value::Str(s & (SMALL_MAX - 1)))),
             _ => Some(MemoRef::inline(Value::Custom(self.inline_kind_b.unwrap_or(0), s & (SMALL_MAX - 1)))),
         }
+    }
+
+    /// The value a memo reference in the file (BINGET, LONG_BINGET) names.
+    #[inline]
+    pub(super) fn referenced(&self, i: usize) -> Option<MemoRef<'_>> {
+        if i >= self.visible {
+            return Some(MemoRef::inline(Value::Custom(GAP, i as u32)));
+        }
+        self.dense_get(i)
+    }
+
+    /// [`Self::referenced`], sparse slots included.
+    #[inline]
+    pub(super) fn recalled(&self, idx: u32) -> Option<MemoRef<'_>> {
+        self.referenced(idx as usize).or_else(|| self.sparse.get(&idx).map(MemoRef::Stored))
     }
 
     #[inline]
@@ -279,5 +319,137 @@ impl Memo {
 
     pub(super) fn len(&self) -> usize {
         self.slots.len() + self.sparse.len()
+    }
+}
+
+impl Memo {
+    /// On a helper: the value of slot `i`, which it stored, as the main thread may take it over; `None` if it cannot
+    /// go over (see [`Scalar::of_local`]).
+    #[inline]
+    pub(super) fn local_value(&self, i: usize) -> Option<Scalar> {
+        let s = *self.slots.get(i)?;
+        match s & TAG {
+            INLINE_BIT => Some(Scalar::Custom(self.inline_kind?, s & !TAG)),
+            _ if s == GAP_WORD => None,
+            INLINE_SMALL => self.dense_get(i).and_then(|v| Scalar::of(&v)),
+            _ => self.dense_get(i).and_then(|v| Scalar::of_local(&v)),
+        }
+    }
+
+    /// Appends the slot words a helper stored (see `split`). The values of the words that index its table of values
+    /// are `stored`, in order; its span values are `span_values`, which join this memo's. Record ids of `kind` from
+    /// `first` on move up by `shift`. `false` if a value or an id does not fit; the caller rewinds.
+    pub(super) fn append_words(
+        &mut self,
+        words: &[u32],
+        stored: &[Scalar],
+        span_values: &[Scalar],
+        (kind, first, shift): (u8, u32, u32),
+    ) -> bool {
+        let span_base = self.span_values.len() as u32;
+        if span_base as usize + span_values.len() >= INLINE_BIT as usize {
+            return false;
+        }
+        let shifted = |v: Scalar| match v {
+            Scalar::Custom(k, id) if k == kind && id >= first => id.checked_add(shift).map(|id| Value::Custom(k, id)),
+            v => Some(v.value()),
+        };
+        for &v in span_values {
+            let Some(v) = shifted(v) else { return false };
+            self.span_values.push(v);
+        }
+        let shift_id = |id: u32| if id >= first { id.checked_add(shift) } else { Some(id) };
+        if self.slots.capacity() - self.slots.len() < words.len() {
+            self.slots.reserve(words.len());
+            crate::huge_pages::advise(&self.slots);
+        }
+        let mut stored = stored.iter();
+        for &w in words {
+            let word = match w & TAG {
+                INLINE_BIT if self.inline_kind == Some(kind) => match shift_id(w & !TAG) {
+                    Some(id) if id < INLINE_BIT => INLINE_BIT | id,
+                    _ => return false,
+                },
+                INLINE_BIT => w,
+                INLINE_SMALL if w & SMALL_STR == 0 && self.inline_kind_b == Some(kind) => {
+                    match shift_id(w & (SMALL_MAX - 1)) {
+                        Some(id) if id < SMALL_MAX => INLINE_SMALL | id,
+                        _ => return false,
+                    }
+                }
+                INLINE_SMALL => w,
+                SPAN_BIT => SPAN_BIT | (span_base + (w & !TAG)),
+                _ => {
+                    let Some(v) = stored.next().and_then(|&v| shifted(v)) else { return false };
+                    if self.values.len() >= INLINE_BIT as usize {
+                        return false;
+                    }
+                    match v {
+                        Value::Custom(k, id) => match self.custom_slot(k, id) {
+                            Some(word) => word,
+                            None => return false,
+                        },
+                        v => {
+                            self.values.push(v);
+                            self.values.len() as u32 - 1
+                        }
+                    }
+                }
+            };
+            self.push_slot(word);
+        }
+        stored.next().is_none()
+    }
+}
+
+/// The memo as a helper thread starts with it (see `split`): the slots stored so far, where a value that cannot
+/// cross threads (one holding an `Rc`: a generic container) stands as a gap.
+pub(super) struct MemoSeed {
+    slots: Vec<u32>,
+    values: Vec<Scalar>,
+    inline_kind: Option<u8>,
+    inline_kind_b: Option<u8>,
+}
+
+impl Memo {
+    pub(super) fn seed(&self) -> MemoSeed {
+        let mut values = Vec::new();
+        let slots = self
+            .slots
+            .iter()
+            .map(|&s| {
+                let stored = match s & TAG {
+                    0 => self.values.get(s as usize),
+                    SPAN_BIT => self.span_values.get((s & !TAG) as usize),
+                    // A closed empty list gets storage when referenced again, and then may be appended to: the
+                    // helper must not make a copy of its own.
+                    _ if s == EMPTY_LIST => return GAP_WORD,
+                    _ => return s,
+                };
+                match stored.and_then(Scalar::of) {
+                    Some(v) => {
+                        values.push(v);
+                        values.len() as u32 - 1
+                    }
+                    None => GAP_WORD,
+                }
+            })
+            .collect();
+        MemoSeed { slots, values, inline_kind: self.inline_kind, inline_kind_b: self.inline_kind_b }
+    }
+}
+
+impl MemoSeed {
+    /// The helper's memo: the seed's slots, then its own, which the file's references cannot name (the helper does
+    /// not know their numbers).
+    pub(super) fn into_memo(self) -> Memo {
+        Memo {
+            visible: self.slots.len(),
+            slots: self.slots,
+            values: self.values.into_iter().map(Scalar::value).collect(),
+            inline_kind: self.inline_kind,
+            inline_kind_b: self.inline_kind_b,
+            ..Memo::default()
+        }
     }
 }

@@ -32,6 +32,7 @@ mod input;
 mod machine;
 mod memo;
 mod records;
+mod split;
 mod value;
 
 pub use builder::{Builder, PlainBuilder};
@@ -40,7 +41,9 @@ use input::*;
 use machine::*;
 use memo::*;
 use records::*;
-pub use value::{dict_get, Dict, List, ListItems, Run, Tuple, Value};
+use split::*;
+pub use split::{Reopen, SplitSource, SplitStats};
+pub use value::{dict_get, holds_gap, Dict, List, ListItems, Run, Tuple, Value, GAP};
 
 /// Containers nested deeper than this are refused. A memory snapshot nests at most ~8 levels.
 pub const MAX_DEPTH: u32 = 256;
@@ -83,6 +86,8 @@ pub struct Parsed {
     pub strings: Strings,
     pub protocol: u8,
     pub bytes_read: u64,
+    /// What a helper thread read, when one did (see [`read_split`]).
+    pub split: Option<SplitStats>,
 }
 
 /// Reads one pickle from `src`, handing closed containers to `builder`.
@@ -91,6 +96,18 @@ pub fn read<R: Read, B: Builder>(
     builder: &mut B,
     strings: Strings,
     progress: Option<Box<dyn FnMut(u64)>>,
+) -> Result<Parsed, PickleError> {
+    read_split(src, builder, strings, progress, None)
+}
+
+/// [`read`], with a way to open the same pickle again at an offset: a long list of records may then be read in
+/// two parts at once, the later one on a helper thread (see `split`). The result is the same either way.
+pub fn read_split<R: Read, B: Builder>(
+    src: R,
+    builder: &mut B,
+    strings: Strings,
+    progress: Option<Box<dyn FnMut(u64)>>,
+    split: Option<SplitSource>,
 ) -> Result<Parsed, PickleError> {
     let mut input = Input::new(src);
     input.progress = progress;
@@ -111,9 +128,12 @@ pub fn read<R: Read, B: Builder>(
         });
     }
     let mut memo = Memo::default();
-    memo.slots.reserve(builder.expected_records());
+    // Real traces store 2–3 slots per entry (and unshared frames ~30): room for 3 spares the copy of a table that
+    // outgrows its first reservation, and costs address space only; what is backed up front stays one per entry.
+    let expected = builder.expected_records();
+    memo.slots.reserve(expected.saturating_mul(3));
     crate::huge_pages::advise(&memo.slots);
-    crate::huge_pages::populate_soon(&memo.slots, memo.slots.capacity() * 4);
+    crate::huge_pages::populate_soon(&memo.slots, expected * 4);
     let mut m = Machine {
         stack: Vec::with_capacity(64),
         marks: Vec::new(),
@@ -126,6 +146,10 @@ pub fn read<R: Read, B: Builder>(
         refs_len: 0,
         records: RecordShapes::default(),
         fast_error: None,
+        split_check_at: split.as_ref().map_or(u64::MAX, |s| s.len / FORK_AT),
+        split: split.map(|s| Box::new(Split::new(s))),
+        batch_stop: 0,
+        split_stats: None,
     };
     let value = m.run(&mut input)?;
     if m.memo.overflow {
@@ -134,7 +158,7 @@ pub fn read<R: Read, B: Builder>(
             message: "more than 2^30 memo entries; this reader's limit".into(),
         });
     }
-    Ok(Parsed { value, strings: m.strings, protocol, bytes_read: input.offset() })
+    Ok(Parsed { value, strings: m.strings, protocol, bytes_read: input.offset(), split: m.split_stats })
 }
 
 fn describe_byte(b: u8) -> String {

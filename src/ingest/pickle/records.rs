@@ -10,7 +10,7 @@ use super::*;
 /// walking its opcodes one by one. A layout may also hold a constant str (its bytes are part of the layout) with
 /// its memo store, and end in one nested container of varying length (a trace entry's fresh `frames` list), read
 /// the ordinary way after the fixed part. Records that hold anything else are never learnt.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct RecordShapes {
     pub(super) shapes: Vec<Shape>,
     /// Reused buffer for the layout of the record being read.
@@ -339,7 +339,7 @@ impl<B: Builder> Machine<'_, B> {
                 b'u' if fields > 0 => break Record::Done(Value::None),
                 b'h' | b'j' => {
                     let Some(idx) = memo_index(cur, op) else { break Record::GiveUp };
-                    match self.memo.dense_get(idx as usize).as_deref() {
+                    match self.memo.referenced(idx as usize).as_deref() {
                         Some(&Value::Str(k)) => k,
                         _ if fields == 0 => {
                             cur.pos = start;
@@ -383,7 +383,7 @@ impl<B: Builder> Machine<'_, B> {
                 b'h' | b'j' => {
                     let Some(idx) = memo_index(cur, op) else { break Record::GiveUp };
                     layout.push(Field { key, at: at as u32, arg: if op == b'h' { Arg::Ref1 } else { Arg::Ref4 } });
-                    match self.memo.dense_get(idx as usize).as_deref() {
+                    match self.memo.referenced(idx as usize).as_deref() {
                         Some(v) if v.is_open() => false,
                         None => false,
                         Some(v) => self.builder.record_field(key, v),
@@ -508,7 +508,7 @@ impl<B: Builder> Machine<'_, B> {
                 Arg::Ref1 | Arg::Ref4 => {
                     let idx = f.arg.memo_index(rest, at);
                     // Only values already stored are referenced: the record stores nothing of its own but itself.
-                    match self.memo.dense_get(idx).as_deref() {
+                    match self.memo.referenced(idx).as_deref() {
                         Some(v) if v.is_open() => return None,
                         None => return None,
                         Some(v) => {
@@ -558,7 +558,7 @@ impl<B: Builder> Machine<'_, B> {
             let v = match f.arg {
                 Arg::Ref1 | Arg::Ref4 => {
                     let idx = f.arg.memo_index(rest, at);
-                    match self.memo.dense_get(idx).as_deref() {
+                    match self.memo.referenced(idx).as_deref() {
                         Some(v) if v.is_open() => return None,
                         None => return None,
                         Some(v) => {

@@ -2,6 +2,20 @@
 
 use super::*;
 
+/// The `Custom` kind of a memo slot a helper reading a later part of the pickle cannot see (see `split`): the id
+/// is the slot's index. No builder makes it; a builder that forks must refuse it wherever its content would matter.
+pub const GAP: u8 = 0xff;
+
+/// A value the helper could not see, or a tuple holding one: where it stands in for a str, an int or a pool id, the
+/// builder must refuse it rather than read it as absent.
+pub fn holds_gap(v: &Value) -> bool {
+    match v {
+        Value::Custom(GAP, _) => true,
+        Value::Tuple(t) => t.items.iter().any(|v| matches!(v, Value::Custom(GAP, _))),
+        _ => false,
+    }
+}
+
 /// A value on the pickle machine's stack. 16 bytes (a test holds it): inline scalars, thin `Rc`s for the rest.
 #[derive(Clone, Debug)]
 pub enum Value {
