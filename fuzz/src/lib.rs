@@ -80,7 +80,8 @@ impl AsRef<[u8]> for Shared {
     }
 }
 
-/// A way to read `data` again from any offset, on any thread, as a file is reopened.
+/// A way to read `data` again from any offset, on any thread, as a file is reopened; the helper reads its whole part,
+/// so that what it reads does not depend on timing.
 pub fn split_source(data: &[u8]) -> pickle::SplitSource {
     let bytes = std::sync::Arc::new(data.to_vec());
     let reopen: pickle::Reopen = std::sync::Arc::new(move |offset| {
@@ -88,7 +89,7 @@ pub fn split_source(data: &[u8]) -> pickle::SplitSource {
         c.set_position(offset);
         Ok(Box::new(c) as Box<dyn std::io::Read + Send>)
     });
-    pickle::SplitSource { reopen, len: data.len() as u64 }
+    pickle::SplitSource { reopen, len: data.len() as u64, patient: true }
 }
 
 pub fn oom_log(data: &[u8]) {

@@ -291,7 +291,8 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
 const SPLIT_MIN_BYTES: u64 = 32 << 20;
 
 /// How a plain file's trace may be read in two parts at once (see `pickle::split`): by opening it again. Off with
-/// `OOMDOC_SPLIT=0`, or below `OOMDOC_SPLIT_MIN_BYTES` (default 32 MiB), or on a machine with one core.
+/// `OOMDOC_SPLIT=0`, or below `OOMDOC_SPLIT_MIN_BYTES` (default 32 MiB), or on a machine with one core. With
+/// `OOMDOC_SPLIT_PATIENT=1` the helper reads its whole part whatever the timing (the tests' setting).
 fn split_source(path: &Path, len: u64) -> Option<pickle::SplitSource> {
     if std::env::var_os("OOMDOC_SPLIT").is_some_and(|v| v == "0") {
         return None;
@@ -308,7 +309,8 @@ fn split_source(path: &Path, len: u64) -> Option<pickle::SplitSource> {
         f.seek(std::io::SeekFrom::Start(offset))?;
         Ok(Box::new(f) as Box<dyn Read + Send>)
     });
-    Some(pickle::SplitSource { reopen, len })
+    let patient = std::env::var_os("OOMDOC_SPLIT_PATIENT").is_some_and(|v| v == "1");
+    Some(pickle::SplitSource { reopen, len, patient })
 }
 
 /// A progress bar over `len` bytes of `name`, when asked for, on a terminal, and the input is big enough to wait.

@@ -109,7 +109,7 @@ fn the_command_reads_a_long_trace_in_two_parts_with_the_same_report() {
         let mut c = Command::new(env!("CARGO_BIN_EXE_oomdoc"));
         c.args(["analyze", f, "--format", "json"]).current_dir(common::root()).env("OOMDOC_TIMING", "1");
         match split {
-            "on" => c.env("OOMDOC_SPLIT_MIN_BYTES", "0"),
+            "on" => c.env("OOMDOC_SPLIT_MIN_BYTES", "0").env("OOMDOC_SPLIT_PATIENT", "1"),
             _ => c.env("OOMDOC_SPLIT", "0"),
         };
         let o = c.output().expect("oomdoc runs");

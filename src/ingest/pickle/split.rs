@@ -33,6 +33,9 @@ pub type Reopen = Arc<dyn Fn(u64) -> std::io::Result<Box<dyn Read + Send>> + Sen
 pub struct SplitSource {
     pub reopen: Reopen,
     pub len: u64,
+    /// The main thread lets the helper read its part to the end rather than stopping it at its next batch: for tests
+    /// and fuzzing, where what the helper reads must not depend on which thread is faster.
+    pub patient: bool,
 }
 
 /// What the helper read: the file's bytes `from..to`, holding `records` records.
@@ -293,7 +296,9 @@ impl<B: Builder> Machine<'_, B> {
     fn join<R: Read>(&mut self, input: &mut Input<R>, off: u64) -> Result<bool, PickleError> {
         let Some(split) = self.split.take() else { return Ok(false) };
         self.split_check_at = u64::MAX;
-        split.stop.store(true, Ordering::Relaxed);
+        if !split.source.patient {
+            split.stop.store(true, Ordering::Relaxed);
+        }
         let State::Started { first_record, kind, .. } = split.state else { return Ok(false) };
         let Some(Msg::Done(Some(done))) = split.receive(false) else { return Ok(false) };
         let Some(run) = self.records_below() else { return Ok(false) };
