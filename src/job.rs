@@ -192,6 +192,7 @@ impl Job {
             // One file: its own bar, by bytes. Several: one bar over the ranks.
             let one_file_bar = self.options.load.show_progress && self.deferred.len() == 1;
             let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(self.deferred.len());
+            ingest::reading_at_once(workers);
             std::thread::scope(|s| {
                 for _ in 0..workers {
                     s.spawn(|| loop {

@@ -241,8 +241,35 @@ const MALFORMED_SHOWN: usize = 5;
 /// Files at least this large get a progress bar (when stderr is a terminal).
 const PROGRESS_MIN_BYTES: u64 = 64 << 20;
 
+/// Snapshots being read at once in this process (a job's ranks are read in parallel), and how many a job is about to
+/// read at once (its workers start one after the other, so the count alone would let the first believe it is alone).
+static READING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static PLANNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Says that `n` snapshots are about to be read at once, each on its own thread.
+pub fn reading_at_once(n: usize) {
+    PLANNED.store(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Counts a snapshot read while it lasts.
+struct Reading;
+
+impl Reading {
+    fn start() -> Reading {
+        READING.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Reading
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        READING.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Reads one artifact into a timeline, recognising its format by content.
 pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
+    let _reading = Reading::start();
     let shown = path.display().to_string();
     let io_err = |source| Error::Io { path: shown.clone(), source };
     let mut file = File::open(path).map_err(io_err)?;
@@ -291,7 +318,8 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
 const SPLIT_MIN_BYTES: u64 = 32 << 20;
 
 /// How a plain file's trace may be read in two parts at once (see `pickle::split`): by opening it again. Off with
-/// `OOMDOC_SPLIT=0`, or below `OOMDOC_SPLIT_MIN_BYTES` (default 32 MiB), or on a machine with one core. With
+/// `OOMDOC_SPLIT=0`, below `OOMDOC_SPLIT_MIN_BYTES` (default 32 MiB), and when the snapshots being read at once
+/// already take half the cores or more (a job's ranks: a helper thread per read would only compete). With
 /// `OOMDOC_SPLIT_PATIENT=1` the helper reads its whole part whatever the timing (the tests' setting).
 fn split_source(path: &Path, len: u64) -> Option<pickle::SplitSource> {
     if std::env::var_os("OOMDOC_SPLIT").is_some_and(|v| v == "0") {
@@ -299,7 +327,9 @@ fn split_source(path: &Path, len: u64) -> Option<pickle::SplitSource> {
     }
     let min = std::env::var("OOMDOC_SPLIT_MIN_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(SPLIT_MIN_BYTES);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if len < min || cores < 2 {
+    let at_once =
+        READING.load(std::sync::atomic::Ordering::Relaxed).max(PLANNED.load(std::sync::atomic::Ordering::Relaxed));
+    if len < min || 2 * at_once > cores {
         return None;
     }
     let path = path.to_path_buf();
