@@ -28,6 +28,7 @@ mod real_findings;
 mod real_gpu;
 mod real_snapshots;
 mod record_layouts;
+mod replay_cut;
 mod scenarios;
 mod split_read;
 mod text_artifacts;
