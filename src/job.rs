@@ -217,6 +217,7 @@ impl Job {
                     });
                 }
             });
+            ingest::reading_at_once(0);
             if let Some(bar) = bar {
                 bar.finish_and_clear();
             }

@@ -273,8 +273,11 @@ impl EntryCx {
                 self.seen.pool_id = true;
             }
             // Written only when non-empty (2.15+): its presence dates the file, its value is not used.
-            k::INTERNAL_METADATA => self.seen.internal_metadata = true,
-            _ => {}
+            k::INTERNAL_METADATA => {
+                self.seen.internal_metadata = true;
+                self.no_str(v)?;
+            }
+            _ => _ = self.no_str(v)?,
         }
         Ok(())
     }
@@ -403,8 +406,25 @@ fn pair(v: &Value) -> Option<(i64, i64)> {
     }
 }
 
+/// On a fork: a dict holding a value the fork cannot see, as a key or anywhere but a trace entry's frames (which
+/// are deferred), would be read as something it is not (a field skipped, a frame's line taken as 0).
+fn refuse_gaps(items: &[Value]) -> Result<(), String> {
+    let unseen = items.chunks(2).any(|kv| match kv {
+        [key, value] => holds_gap(key) || (!matches!(key, Value::Str(k::FRAMES)) && holds_gap(value)),
+        [key] => holds_gap(key),
+        _ => false,
+    });
+    match unseen {
+        true => Err("a dict holding a value in a part of the file not read yet".into()),
+        false => Ok(()),
+    }
+}
+
 impl Builder for SnapshotBuilder {
     fn close_dict(&mut self, _strings: &Strings, items: &[Value]) -> Result<Option<Value>, String> {
+        if self.fork.is_some() {
+            refuse_gaps(items)?;
+        }
         // Frames start with 'filename' and trace entries with 'action' in every writer seen; look there first.
         let is = |want: StrId| {
             matches!(items.first(), Some(Value::Str(k)) if *k == want)

@@ -62,6 +62,8 @@ for i in range(n):
             addr += 4096
         e = {'action': 'alloc', 'addr': addr, 'size': 512 * (k + 1), 'stream': 0, 'time_us': t, 'frames': fl,
              'user_metadata': meta, 'compile_context': 'N/A'}
+        if twist == 'gap-key' and i >= n * 3 // 10:
+            e['late_key'] = 1
         trace.append(e)
         live.append((addr, e['size'], fl))
     else:
@@ -92,6 +94,17 @@ fn a_value_stored_in_the_skipped_part_ends_the_helpers_part() {
     let split = read_both("gap-str", &bytes).expect("a helper read a part");
     let first_use = bytes.len() as u64 * 8 / 10;
     assert!(split.to < first_use + bytes.len() as u64 / 20, "{split:?}");
+}
+
+#[test]
+fn a_key_stored_in_the_skipped_part_ends_the_helpers_part() {
+    // From 30% on, allocations carry a key first written there, between the fork and the helper's part: the
+    // helper cannot tell which key its reference names, so it keeps no batch holding one (the main thread skips
+    // the unknown key; the helper must not skip a key it cannot read).
+    let bytes = python_trace("gap-key");
+    if let Some(split) = read_both("gap-key", &bytes) {
+        panic!("the helper kept a part holding keys it cannot read: {split:?}");
+    }
 }
 
 #[test]

@@ -28,6 +28,10 @@ pub(super) struct Memo {
     /// A reference from the file to this slot or a later one reads as a gap: on a helper (see `split`), whose own
     /// slots follow the ones it started with, but which does not know how many slots lie between.
     pub(super) visible: usize,
+    /// On a helper: each reference past `visible`, with how many slots the helper's memo held then. The main
+    /// thread checks at the join that each named a slot stored by then: a reference to one never stored is an
+    /// error the helper cannot see.
+    pub(super) gap_refs: std::cell::RefCell<Vec<(u32, u32)>>,
 }
 
 impl Default for Memo {
@@ -43,6 +47,7 @@ impl Default for Memo {
             inline_kind_b: None,
             pending_at: None,
             visible: usize::MAX,
+            gap_refs: Default::default(),
         }
     }
 }
@@ -249,6 +254,7 @@ impl Memo {
     #[inline]
     pub(super) fn referenced(&self, i: usize) -> Option<MemoRef<'_>> {
         if i >= self.visible {
+            self.gap_refs.borrow_mut().push((i as u32, self.slots.len() as u32));
             return Some(MemoRef::inline(Value::Custom(GAP, i as u32)));
         }
         self.dense_get(i)
@@ -332,7 +338,7 @@ impl Memo {
             INLINE_BIT => Some(Scalar::Custom(self.inline_kind?, s & !TAG)),
             _ if s == GAP_WORD => None,
             INLINE_SMALL => self.dense_get(i).and_then(|v| Scalar::of(&v)),
-            _ => self.dense_get(i).and_then(|v| Scalar::of_local(&v)),
+            _ => self.dense_get(i).and_then(|v| Scalar::of_local(&v, i)),
         }
     }
 

@@ -148,7 +148,8 @@ pub fn read_split<R: Read, B: Builder>(
         refs_len: 0,
         records: RecordShapes::default(),
         fast_error: None,
-        split_check_at: split.as_ref().map_or(u64::MAX, |s| s.len / FORK_AT),
+        // Protocols before 4 number memo stores in the file (BINPUT), which a helper cannot follow.
+        split_check_at: split.as_ref().filter(|_| protocol >= 4).map_or(u64::MAX, |s| s.len / FORK_AT),
         split: split.map(|s| Box::new(Split::new(s))),
         batch_stop: 0,
         split_stats: None,

@@ -92,10 +92,12 @@ impl Scalar {
     /// items (still pending in its own slot, as the generic path leaves a `frames: []`), or one given storage when
     /// it was referenced again (a free naming its allocation's `frames: []`). Only the latter's identity is lost,
     /// and nothing the helper kept can hold it: values holding an `Rc` never go over, and records are converted.
-    pub(super) fn of_local(v: &Value) -> Option<Scalar> {
+    /// `slot` is where the value is stored: a pending list stored under another slot's number, or a list held by
+    /// anything but this slot, is shared, and does not go over.
+    pub(super) fn of_local(v: &Value, slot: usize) -> Option<Scalar> {
         match v {
-            Value::PendingList(_) => Some(Scalar::EmptyList),
-            Value::List(l) => {
+            Value::PendingList(s) if *s == NO_SLOT || *s as usize == slot => Some(Scalar::EmptyList),
+            Value::List(l) if Rc::strong_count(l) == 1 => {
                 let l = l.borrow();
                 (l.items.is_empty() && l.run.is_none()).then_some(Scalar::EmptyList)
             }
@@ -161,6 +163,9 @@ struct Done<B> {
     stored: Vec<Scalar>,
     span_values: Vec<Scalar>,
     inline_kinds: (Option<u8>, Option<u8>),
+    /// The fewest slots the main thread's memo may hold at the join for every reference the part made past the
+    /// copied slots to name a slot stored by then.
+    min_memo_len: u32,
 }
 
 impl<B> Split<B> {
@@ -304,6 +309,7 @@ impl<B: Builder> Machine<'_, B> {
         let Some(run) = self.records_below() else { return Ok(false) };
         let here = self.builder.mark();
         let fits = run.kind == kind
+            && self.memo.dense_len() >= done.min_memo_len as usize
             && self.memo.sparse.is_empty()
             && !self.memo.overwritten
             && here >= first_record as usize
@@ -416,7 +422,7 @@ fn read_part<B: Builder>(
         split_stats: None,
     };
     // The end of the last batch kept: its offset, memo length and records.
-    let mut kept = (input.offset(), first_slot, 0u32);
+    let mut kept = (input.offset(), first_slot, 0u32, 0usize);
     while !stop.load(Ordering::Relaxed) {
         // FRAME opcodes may stand between batches.
         loop {
@@ -454,12 +460,19 @@ fn read_part<B: Builder>(
         if !plain || !m.builder.fork_batch_done(records as usize) {
             break;
         }
-        kept = (input.offset(), m.memo.dense_len(), records);
+        kept = (input.offset(), m.memo.dense_len(), records, m.memo.gap_refs.borrow().len());
     }
-    let (to, slots_end, records) = kept;
+    let (to, slots_end, records, gap_refs) = kept;
     if records == 0 {
         return None;
     }
+    // A reference past the copied slots named a slot stored before the part (the main thread's) or in it before the
+    // reference: the memo the main thread has at the join must be long enough for every one of them.
+    let min_memo_len = m.memo.gap_refs.borrow()[..gap_refs]
+        .iter()
+        .map(|&(slot, len)| (slot + 1).saturating_sub(len - first_slot as u32))
+        .max()
+        .unwrap_or(0);
     let mut stored = Vec::new();
     for i in first_slot..slots_end {
         if m.memo.slots[i] & TAG == 0 {
@@ -471,5 +484,5 @@ fn read_part<B: Builder>(
     let mut words = std::mem::take(&mut m.memo.slots);
     words.truncate(slots_end);
     drop(m);
-    Some(Done { to, builder, records, words, first: first_slot, stored, span_values, inline_kinds })
+    Some(Done { to, builder, records, words, first: first_slot, stored, span_values, inline_kinds, min_memo_len })
 }
