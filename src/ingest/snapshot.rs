@@ -6,7 +6,7 @@
 use std::io::Read;
 
 use super::pickle::{self, dict_get, holds_gap, Builder, Value, GAP};
-use crate::timeline::stacks::{Frame, StackId, Stacks, StrId, Strings, EMPTY_STACK};
+use crate::timeline::stacks::{Frame, FrameId, StackId, Stacks, StrId, Strings, EMPTY_STACK};
 use crate::timeline::{
     Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTimeline, Event, EventAttrTable, EventAttrs,
     PoolKind, Segment, Timeline, NO_STR,
@@ -246,7 +246,8 @@ impl EntryCx {
                 self.seen.time = true;
             }
             k::FRAMES => {
-                e.stack = match stack_of(&mut self.stacks, &mut self.frame_buf, v) {
+                let stacks = &mut self.stacks;
+                e.stack = match stack_of(&mut self.frame_buf, v, |f| Some(stacks.intern_stack(f))) {
                     Some(s) => s,
                     None => self.unknown_frames(v)?,
                 }
@@ -373,8 +374,9 @@ impl SnapshotBuilder {
     }
 }
 
-/// The stack a `frames` value stands for; `None` if it is not a list of frames.
-fn stack_of(stacks: &mut Stacks, frame_buf: &mut Vec<u32>, v: &Value) -> Option<StackId> {
+/// The stack a `frames` value stands for; `None` if it is not a list of frames. A list of frames becomes a stack
+/// through `stack` (interning it, or only looking it up).
+fn stack_of(frame_buf: &mut Vec<u32>, v: &Value, stack: impl FnOnce(&[FrameId]) -> Option<StackId>) -> Option<StackId> {
     match v {
         Value::Custom(STACK, id) => Some(*id),
         Value::PendingList(_) => Some(EMPTY_STACK),
@@ -392,7 +394,7 @@ fn stack_of(stacks: &mut Stacks, frame_buf: &mut Vec<u32>, v: &Value) -> Option<
                     _ => return None,
                 }
             }
-            Some(stacks.intern_stack(frame_buf))
+            stack(frame_buf)
         }
         _ => None,
     }
@@ -532,34 +534,14 @@ impl Builder for SnapshotBuilder {
         }
         let taken = &fork.events[..records];
         // Resolved before anything changes, without interning: a stack new here would take an id out of turn.
-        let mut resolved = Vec::new();
+        let (mut resolved, mut frame_buf) = (Vec::new(), Vec::new());
         for (j, e) in taken.iter().enumerate() {
             if e.stack & DEFERRED == 0 {
                 continue;
             }
             let Some(v) = resolve(e.stack & !DEFERRED) else { return false };
-            let stack = match &v {
-                Value::Custom(STACK, id) => *id,
-                Value::PendingList(_) => EMPTY_STACK,
-                Value::List(_) | Value::Tuple(_) => {
-                    let Some(items) = v.list_items() else { return false };
-                    let mut frames = Vec::with_capacity(items.len());
-                    for it in items.iter() {
-                        match it {
-                            Value::Custom(FRAME, f) => frames.push(*f),
-                            _ => return false,
-                        }
-                    }
-                    match frames.is_empty() {
-                        true => EMPTY_STACK,
-                        false => match self.cx.stacks.find_stack(&frames) {
-                            Some(s) => s,
-                            None => return false,
-                        },
-                    }
-                }
-                _ => return false,
-            };
+            let stacks = &self.cx.stacks;
+            let Some(stack) = stack_of(&mut frame_buf, &v, |f| stacks.find_stack(f)) else { return false };
             resolved.push((j, stack));
         }
         let at = self.events.len();
@@ -918,7 +900,8 @@ impl Decoder<'_> {
     }
 
     fn stack(&mut self, v: Option<&Value>) -> StackId {
-        v.and_then(|v| stack_of(&mut self.stacks, &mut self.frame_buf, v)).unwrap_or(EMPTY_STACK)
+        let stacks = &mut self.stacks;
+        v.and_then(|v| stack_of(&mut self.frame_buf, v, |f| Some(stacks.intern_stack(f)))).unwrap_or(EMPTY_STACK)
     }
 
     fn need(&self, items: &[Value], key: StrId, ctx: &dyn Fn() -> String) -> Result<u64, SnapshotError> {

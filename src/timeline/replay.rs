@@ -963,20 +963,6 @@ fn forward_from_empty(dev: &DeviceTimeline, rules: &Rules) -> Option<Pass> {
     pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, true).then(|| pass.finish())
 }
 
-/// The state before the first event, rebuilt by undoing the trace from the file's final state, and the events
-/// that could not be undone.
-fn undo_all(dev: &DeviceTimeline, rules: &Rules) -> (State, Vec<Anomaly>) {
-    let mut st = State::from_segments(&dev.segments);
-    let mut undo_anomalies = Vec::new();
-    for (i, e) in dev.events.iter().enumerate().rev() {
-        if let Err(what) = st.unapply(e, rules, &dev.event_attrs) {
-            undo_anomalies.push(Anomaly { event: i as u32, what });
-        }
-    }
-    undo_anomalies.reverse();
-    (st, undo_anomalies)
-}
-
 /// A trace at least this long that must be undone to find its start is replayed forward on two cores.
 const TWO_CORES_FROM: usize = 1 << 16;
 
@@ -994,8 +980,9 @@ struct Undone<'s> {
     later: Option<(usize, State, std::thread::ScopedJoinHandle<'s, Pass>)>,
 }
 
-/// [`undo_all`], starting the forward pass over `events[cut..]` on another core as soon as the undo has passed
-/// `cut`. Which of the two forward passes ends up used is [`Undone::forward`]'s choice.
+/// The state before the first event, rebuilt by undoing the trace from the file's final state, and the events that
+/// could not be undone; with `cut`, the forward pass over `events[cut..]` starts on another core as soon as the undo
+/// has passed `cut`. Which of the two forward passes ends up used is [`Undone::forward`]'s choice.
 fn undo_splitting<'s, 'e: 's>(
     s: &'s std::thread::Scope<'s, 'e>,
     dev: &'e DeviceTimeline,
@@ -1116,13 +1103,6 @@ pub fn forward_cut_agrees(
     Some((seen(&one) == seen(&two), joined))
 }
 
-/// The pass from the state `undo_all` rebuilt, with the undo's anomalies first.
-fn forward_from_undone(dev: &DeviceTimeline, (start, undo_anomalies): (State, Vec<Anomaly>), rules: &Rules) -> Pass {
-    let mut pass = forward(dev, start, rules);
-    pass.anomalies.splice(0..0, undo_anomalies);
-    pass
-}
-
 impl<'t> Replay<'t> {
     pub fn new(dev: &'t DeviceTimeline, settings: Option<&AllocatorSettings>) -> Replay<'t> {
         let rules = Rules::new(settings, dev);
@@ -1137,7 +1117,8 @@ impl<'t> Replay<'t> {
                     if completeness.complete() {
                         return Replay::of(dev, rules, completeness, pass, Some(mismatch));
                     }
-                    (forward_from_undone(dev, undo_all(dev, &rules), &rules), completeness)
+                    let cut = forward_cut(dev.events.len());
+                    (std::thread::scope(|s| undo_splitting(s, dev, &rules, cut).forward(dev, &rules)), completeness)
                 }
             },
             // Mostly a trace that starts mid-way (its ring buffer wrapped): its start is rebuilt by undoing it from

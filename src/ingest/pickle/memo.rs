@@ -333,13 +333,7 @@ impl Memo {
     /// go over (see [`Scalar::of_local`]).
     #[inline]
     pub(super) fn local_value(&self, i: usize) -> Option<Scalar> {
-        let s = *self.slots.get(i)?;
-        match s & TAG {
-            INLINE_BIT => Some(Scalar::Custom(self.inline_kind?, s & !TAG)),
-            _ if s == GAP_WORD => None,
-            INLINE_SMALL => self.dense_get(i).and_then(|v| Scalar::of(&v)),
-            _ => self.dense_get(i).and_then(|v| Scalar::of_local(&v, i)),
-        }
+        self.dense_get(i).and_then(|v| Scalar::of_local(&v, i))
     }
 
     /// Appends the slot words a helper stored (see `split`). The values of the words that index its table of values
