@@ -42,6 +42,9 @@ struct RawPattern {
     function: Option<String>,
     #[serde(default)]
     not_function: Option<String>,
+    /// Only the innermost frame of the user's own code is tested (the allocating line itself).
+    #[serde(default)]
+    innermost: bool,
 }
 
 #[derive(Clone)]
@@ -52,6 +55,7 @@ struct Pattern {
     function: Option<Regex>,
     /// The frame's function must not match this (a wrapper's `forward` in a communication file).
     not_function: Option<Regex>,
+    innermost: bool,
 }
 
 /// A category file that does not compile: which file and what is wrong.
@@ -98,6 +102,7 @@ impl Categorizer {
                         file: re(&p.file)?,
                         function: re(&p.function)?,
                         not_function: re(&p.not_function)?,
+                        innermost: p.innermost,
                     },
                 ));
             }
@@ -111,10 +116,11 @@ impl Categorizer {
     }
 
     /// Which patterns one frame matches, as bits in priority order (only the first 128 patterns count).
-    fn frame_mask(&self, file: &str, func: &str) -> u128 {
+    fn frame_mask(&self, file: &str, func: &str, innermost_user: bool) -> u128 {
         let mut mask = 0u128;
         for (i, p) in self.patterns.iter().take(128).enumerate() {
-            if p.file.as_ref().is_none_or(|r| r.is_match(file))
+            if (!p.innermost || innermost_user)
+                && p.file.as_ref().is_none_or(|r| r.is_match(file))
                 && p.function.as_ref().is_none_or(|r| r.is_match(func))
                 && !p.not_function.as_ref().is_some_and(|r| r.is_match(func))
             {
@@ -134,9 +140,10 @@ impl Categorizer {
 
     /// The category of a stack: the first pattern (by priority) that any of its frames matches.
     pub fn classify(&self, tl: &Timeline, stack: StackId) -> &'static str {
+        let inner = innermost_user_frame(tl, stack);
         let mask = tl.stacks.stack(stack).iter().fold(0u128, |m, &f| {
-            let f = tl.stacks.frame(f);
-            m | self.frame_mask(tl.strings.get(f.filename), tl.strings.get(f.name))
+            let fr = tl.stacks.frame(f);
+            m | self.frame_mask(tl.strings.get(fr.filename), tl.strings.get(fr.name), Some(f) == inner)
         });
         self.name_of(mask)
     }
@@ -168,11 +175,24 @@ impl<'a> CategoryCache<'a> {
         for &f in tl.stacks.stack(stack) {
             mask |= *self.frames.entry(f).or_insert_with(|| {
                 let fr = tl.stacks.frame(f);
-                cat.frame_mask(tl.strings.get(fr.filename), tl.strings.get(fr.name))
+                cat.frame_mask(tl.strings.get(fr.filename), tl.strings.get(fr.name), false)
             });
+        }
+        if let Some(f) = innermost_user_frame(tl, stack) {
+            let fr = tl.stacks.frame(f);
+            mask |= cat.frame_mask(tl.strings.get(fr.filename), tl.strings.get(fr.name), true);
         }
         let c = cat.name_of(mask);
         self.stacks.insert(stack, c);
         c
     }
+}
+
+/// The innermost frame of the user's own code: the line that allocated, as the user wrote it.
+fn innermost_user_frame(tl: &Timeline, stack: StackId) -> Option<FrameId> {
+    tl.stacks
+        .stack(stack)
+        .iter()
+        .copied()
+        .find(|&f| !crate::timeline::stacks::is_library_frame(tl.strings.get(tl.stacks.frame(f).filename)))
 }

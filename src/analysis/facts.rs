@@ -150,6 +150,8 @@ pub struct Context<'a> {
     pub replay: &'a Replay<'a>,
     /// The allocator state at the report's moment.
     pub state: &'a crate::timeline::replay::State,
+    /// What each live block at the moment is for.
+    pub attribution: &'a super::attribution::Attribution,
     pub report: &'a DeviceReport,
     /// The GPU's capacity, when the user gave it.
     pub gpu_memory: Option<u64>,
@@ -223,7 +225,7 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
 
 /// Computes every fact for one device, given those computed from its events alone.
 /// `leaks` waits for the leak pass (running on another core), asked for last.
-pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: &EventFacts, leaks: impl FnOnce() -> LeakPass) -> Facts {
+pub fn compute(cx: &Context, ev: &EventFacts, leaks: impl FnOnce() -> LeakPass) -> Facts {
     let mut f = Facts::default();
     let r = cx.report;
     let events = &cx.dev.events;
@@ -318,8 +320,8 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: &EventFacts, leaks: i
 
     // Live memory by category, at the moment.
     let mut by_cat: FxHashMap<&'static str, (u64, usize)> = FxHashMap::default();
-    for (_, _, b) in cx.state.allocated_blocks() {
-        let e = by_cat.entry(cats.of(b.stack)).or_default();
+    for (_, addr, b) in cx.state.allocated_blocks() {
+        let e = by_cat.entry(cx.attribution.of(addr).category).or_default();
         e.0 = e.0.saturating_add(b.size);
         e.1 += 1;
     }
@@ -354,7 +356,7 @@ pub fn compute(cx: &Context, cats: &mut CategoryCache, ev: &EventFacts, leaks: i
             "allocated in attention code",
         );
         f.text("largest.where", user_chain(cx.tl, top.stack_id, 3), "who allocated it");
-        f.text("largest.category", cats.of(top.stack_id), "its category");
+        f.text("largest.category", top.category, "its category");
     }
 
     // Memory outside PyTorch.

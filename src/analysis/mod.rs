@@ -1,6 +1,7 @@
 //! Facts derived from the timeline: the allocator state at the moment that matters (the OOM, else the peak),
 //! what was live and who allocated it, free space vs the failed request, and what the capture did not record.
 
+pub mod attribution;
 pub mod categories;
 pub mod chart;
 pub mod diff;
@@ -344,6 +345,15 @@ pub struct CategoryBytes {
     pub category: &'static str,
     pub bytes: u64,
     pub count: usize,
+    /// How these bytes were known: a label torch recorded, the allocating stack, or lifetime and size.
+    pub source_bytes: SourceBytes,
+}
+
+#[derive(Debug, Serialize, Default, Clone, Copy)]
+pub struct SourceBytes {
+    pub label: u64,
+    pub stack: u64,
+    pub inferred: u64,
 }
 
 #[derive(Debug, Serialize, Clone, Copy)]
@@ -408,8 +418,17 @@ pub struct Allocation {
     pub culprit: String,
     /// Innermost frame first: `file:line:function`.
     pub stack: Vec<String>,
+    /// What it is for (see `by_category`).
+    pub category: &'static str,
+    /// How that was known: `label`, `stack` or `inferred` (null for `unknown`).
+    pub source: Option<attribution::Source>,
+    /// For an inferred category: what decided it, in a phrase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inferred_from: Option<&'static str>,
     #[serde(skip)]
     pub stack_id: StackId,
+    #[serde(skip)]
+    pub reason: Option<attribution::Reason>,
 }
 
 #[derive(Debug, Serialize)]
@@ -420,6 +439,12 @@ pub struct StackGroup {
     /// The allocation site and its callers in the user's code, innermost first.
     pub callers: String,
     pub stack: Vec<String>,
+    /// What the group's memory is for; one stack's blocks may differ (the backward's gradients and
+    /// temporaries), so a group is one stack and one category.
+    pub category: &'static str,
+    pub source: Option<attribution::Source>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inferred_from: Option<&'static str>,
     #[serde(skip)]
     pub stack_id: StackId,
 }
@@ -577,38 +602,25 @@ fn analyze_device<'t>(
     let last_event = idx.map_or(events.len().saturating_sub(1), |i| i as usize);
     // The leak pass (the live set per stack at each iteration's end) needs the replay's series and nothing of the
     // report: run it beside the report and the other facts.
-    let (mut report, facts, state) = std::thread::scope(|s| {
+    let (mut report, facts, state, attribution) = std::thread::scope(|s| {
         let leaks = beside(s, || facts::leak_pass(dev, &replay, &event_facts, last_event));
-        let (state, report) = device_report(tl, dev, opts, &replay, moment, idx, oom_count);
+        let (state, attribution, report) = device_report(tl, dev, opts, &replay, (moment, idx), oom_count, &mut cache);
         let cx = facts::Context {
             tl,
             dev,
             replay: &replay,
             state: &state,
+            attribution: &attribution,
             report: &report,
             gpu_memory: opts.gpu_memory,
             memory_cap: opts.memory_cap,
         };
-        let facts = facts::compute(&cx, &mut cache, &event_facts, leaks);
-        (report, facts, state)
+        let facts = facts::compute(&cx, &event_facts, leaks);
+        (report, facts, state, attribution)
     });
-    let mut by_category: Vec<CategoryBytes> = categories::CATEGORIES
-        .iter()
-        .filter_map(|c| {
-            let b = facts.get(&format!("live.{c}_bytes"))?.value.clone();
-            let n = facts.get(&format!("live.{c}_count"))?.value.clone();
-            match (b, n) {
-                (facts::Val::Num(b), facts::Val::Num(n)) if b > 0.0 => {
-                    Some(CategoryBytes { category: c, bytes: b as u64, count: n as usize })
-                }
-                _ => None,
-            }
-        })
-        .collect();
-    by_category.sort_by_key(|c| std::cmp::Reverse(c.bytes));
-    report.by_category = by_category;
+    report.by_category = category_bytes(&state, &attribution);
     report.facts = facts;
-    report.holder = verdict::holder(tl, &report, &state, &mut cache);
+    report.holder = verdict::holder(tl, &report, &state, &attribution);
     if opts.chart_categories {
         if let Some(c) = report.chart.as_mut() {
             chart::split_by_category(c, &replay, &mut cache);
@@ -706,17 +718,18 @@ fn device_report(
     dev: &DeviceTimeline,
     opts: &Options,
     replay: &Replay,
-    moment: Moment,
-    idx: Option<u32>,
+    (moment, idx): (Moment, Option<u32>),
     oom_count: usize,
-) -> (State, DeviceReport) {
+    cats: &mut categories::CategoryCache,
+) -> (State, attribution::Attribution, DeviceReport) {
     let events = &dev.events;
     let state = if events.is_empty() { State::from_segments(&dev.segments) } else { replay.state_at(idx) };
     let time_us = idx.and_then(|i| events[i as usize].time_us());
     let free_by_pool = free_by_pool(&state);
     let oom = (moment == Moment::Oom).then_some(idx).flatten().map(|i| oom_report(tl, dev, i, &free_by_pool));
+    let attribution = attribution::attribute(tl, dev, &state, cats);
     let (top_allocations, (by_stack, live_stacks), live_count, no_stack) =
-        live_allocations(tl, dev, &state, time_us, opts.top);
+        live_allocations(tl, dev, &state, &attribution, time_us, opts.top);
     let trace = trace_report(dev, replay);
     let peak = (!events.is_empty()).then(|| PeakReport {
         allocated_bytes: replay.peak_allocated.0,
@@ -759,7 +772,33 @@ fn device_report(
         facts: facts::Facts::default(),
     };
     report.observed = observed::summarize(dev, Some(replay), report.time_us);
-    (state, report)
+    (state, attribution, report)
+}
+
+/// Live bytes per category at the moment, biggest first, with how each byte was known.
+fn category_bytes(state: &State, attribution: &attribution::Attribution) -> Vec<CategoryBytes> {
+    let mut by: FxHashMap<&'static str, CategoryBytes> = FxHashMap::default();
+    for (_, addr, b) in state.allocated_blocks() {
+        let a = attribution.of(addr);
+        let c = by.entry(a.category).or_insert_with(|| CategoryBytes {
+            category: a.category,
+            bytes: 0,
+            count: 0,
+            source_bytes: SourceBytes::default(),
+        });
+        c.bytes = c.bytes.saturating_add(b.size);
+        c.count += 1;
+        match a.source {
+            Some(attribution::Source::Label) => c.source_bytes.label += b.size,
+            Some(attribution::Source::Stack) => c.source_bytes.stack += b.size,
+            Some(attribution::Source::Inferred) => c.source_bytes.inferred += b.size,
+            None => {}
+        }
+    }
+    let mut v: Vec<CategoryBytes> = categories::CATEGORIES.iter().filter_map(|c| by.remove(c)).collect();
+    v.retain(|c| c.bytes > 0);
+    v.sort_by_key(|c| std::cmp::Reverse(c.bytes));
+    v
 }
 
 /// The file's final state (what a trace replays to), or the moment's own without a trace.
@@ -809,9 +848,10 @@ fn live_allocations(
     tl: &Timeline,
     dev: &DeviceTimeline,
     state: &State,
+    attribution: &attribution::Attribution,
     time_us: Option<i64>,
     top: usize,
-) -> (Vec<Allocation>, StackShares, usize, (usize, u64)) {
+) -> (Vec<Allocation>, StackShares, usize, NoStack) {
     let events = &dev.events;
     let now = time_us.or_else(|| events.iter().rev().find_map(|e| e.time_us()));
     let mut live: Vec<Allocation> = state
@@ -828,13 +868,21 @@ fn live_allocations(
             },
             culprit: String::new(),
             stack: Vec::new(),
+            category: attribution.of(addr).category,
+            source: attribution.of(addr).source,
+            inferred_from: attribution.of(addr).reason.map(attribution::Reason::words),
             stack_id: b.stack,
+            reason: attribution.of(addr).reason,
         })
         .collect();
     live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.address.cmp(&b.address)));
     let by_stack = stack_groups(tl, &live, top);
-    let no_stack =
-        live.iter().filter(|a| a.stack_id == EMPTY_STACK).fold((0usize, 0u64), |acc, a| (acc.0 + 1, acc.1 + a.bytes));
+    let mut no_stack = NoStack::default();
+    for a in live.iter().filter(|a| a.stack_id == EMPTY_STACK) {
+        let n = if a.event_index.is_none() { &mut no_stack.before_trace } else { &mut no_stack.in_trace };
+        n.0 += 1;
+        n.1 += a.bytes;
+    }
     let live_count = live.len();
     live.truncate(top);
     for a in &mut live {
@@ -844,31 +892,46 @@ fn live_allocations(
     (live, by_stack, live_count, no_stack)
 }
 
+/// Live allocations with no stack (count, bytes): those made before the trace began, and those it saw made
+/// with no frame.
+#[derive(Default, Clone, Copy)]
+struct NoStack {
+    before_trace: (usize, u64),
+    in_trace: (usize, u64),
+}
+
 /// The `top` stack groups, and every live stack's bytes, largest first.
 type StackShares = (Vec<StackGroup>, Vec<(StackId, u64)>);
 
 /// Live bytes per allocating stack, the `top` largest, each named by as many callers as it takes to tell the
 /// listed stacks apart (at least 3, at most 8); and every stack's bytes, largest first.
 fn stack_groups(tl: &Timeline, live: &[Allocation], top: usize) -> StackShares {
-    let mut groups: FxHashMap<StackId, (u64, usize)> = FxHashMap::default();
+    type Key = (StackId, &'static str, Option<attribution::Source>, Option<attribution::Reason>);
+    let mut groups: FxHashMap<Key, (u64, usize)> = FxHashMap::default();
+    let mut per_stack: FxHashMap<StackId, u64> = FxHashMap::default();
     for a in live {
-        let g = groups.entry(a.stack_id).or_default();
+        let g = groups.entry((a.stack_id, a.category, a.source, a.reason)).or_default();
         g.0 += a.bytes;
         g.1 += 1;
+        *per_stack.entry(a.stack_id).or_default() += a.bytes;
     }
     let mut by_stack: Vec<StackGroup> = groups
         .into_iter()
-        .map(|(stack_id, (bytes, count))| StackGroup {
+        .map(|((stack_id, category, source, reason), (bytes, count))| StackGroup {
             bytes,
             count,
             culprit: String::new(),
             callers: String::new(),
             stack: Vec::new(),
+            category,
+            source,
+            inferred_from: reason.map(attribution::Reason::words),
             stack_id,
         })
         .collect();
-    by_stack.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack_id.cmp(&b.stack_id)));
-    let all = by_stack.iter().map(|g| (g.stack_id, g.bytes)).collect();
+    by_stack.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack_id.cmp(&b.stack_id)).then(a.category.cmp(b.category)));
+    let mut all: Vec<(StackId, u64)> = per_stack.into_iter().collect();
+    all.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     by_stack.truncate(top);
     let mut depth = 3;
     while depth < 8 {
@@ -882,6 +945,10 @@ fn stack_groups(tl: &Timeline, live: &[Allocation], top: usize) -> StackShares {
     for g in &mut by_stack {
         g.culprit = culprit(tl, g.stack_id);
         g.callers = user_chain(tl, g.stack_id, depth);
+        if let (true, Some(why)) = (g.stack_id == EMPTY_STACK, g.inferred_from) {
+            // What the lifetime and size say is all there is to show of these: say it where the stack would be.
+            g.callers = format!("(no stack recorded; {} inferred: {why})", g.category.replace('_', " "));
+        }
         g.stack = stack_frames(tl, g.stack_id).iter().map(FrameView::full).collect();
     }
     (by_stack, all)
@@ -945,7 +1012,7 @@ fn notes(
     dev: &DeviceTimeline,
     replay: &Replay,
     trace: &TraceReport,
-    no_stack: (usize, u64),
+    no_stack: NoStack,
     live_count: usize,
     oom_count: usize,
 ) -> Vec<String> {
@@ -976,17 +1043,32 @@ fn notes(
             parts.join(", ")
         ));
     }
-    if no_stack.0 > 0 && live_count > 0 {
+    // What the capture lacked, said as its cause with the setting that fixes it; the categories of these blocks
+    // are inferred (see `attribution`), so this is advice for the next capture, not the verdict.
+    let (before, in_trace) = (no_stack.before_trace, no_stack.in_trace);
+    if before.0 > 0 && live_count > 0 && !dev.events.is_empty() {
         notes.push(format!(
-            "{} of {} live allocations ({}) have no stack recorded{}. Record with \
-             _record_memory_history(context=\"all\", stacks=\"python\") to see who allocated them.",
-            no_stack.0,
+            "{} of {} live allocations ({}) were made before recording began and carry no stack: recording \
+             started after the model was built, or the ring buffer wrapped. Their categories are inferred from \
+             lifetime and size. To see who allocated them, call torch.cuda.memory._record_memory_history() before \
+             the model is built, with max_entries large enough to keep the whole run.",
+            before.0,
             live_count,
-            bytes(no_stack.1),
-            if tl.capture.block_stacks {
-                " (allocations on the autograd thread often lack Python frames with stacks=\"python\")"
+            bytes(before.1),
+        ));
+    }
+    if in_trace.0 > 0 && live_count > 0 {
+        notes.push(format!(
+            "{} of {} live allocations ({}) were recorded with no frame{}. Their categories are inferred from \
+             their place in the step and their sizes.",
+            in_trace.0,
+            live_count,
+            bytes(in_trace.1),
+            if tl.capture.trace_stacks || tl.capture.block_stacks {
+                ": with stacks=\"python\" the autograd thread's backward records none; stacks=\"all\" records its \
+                 C++ frames"
             } else {
-                ""
+                ": the capture recorded no stacks (context=None); record with context=\"all\""
             }
         ));
     }

@@ -9,7 +9,7 @@
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use super::categories::CategoryCache;
+use super::attribution::Attribution;
 use super::{Analysis, DeviceReport, Finding, Moment, ReportSource, Severity};
 use crate::timeline::replay::State;
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
@@ -82,13 +82,13 @@ pub struct Verdict {
 }
 
 /// The largest category of live memory at the moment and the lines that allocated most of it.
-pub fn holder(tl: &Timeline, r: &DeviceReport, state: &State, cats: &mut CategoryCache) -> Option<Holder> {
+pub fn holder(tl: &Timeline, r: &DeviceReport, state: &State, attribution: &Attribution) -> Option<Holder> {
     if r.allocated_bytes == 0 {
         return None;
     }
     let mut by_cat: FxHashMap<&'static str, (u64, FxHashMap<StackId, u64>)> = FxHashMap::default();
-    for (_, _, b) in state.allocated_blocks() {
-        let e = by_cat.entry(cats.of(b.stack)).or_default();
+    for (_, addr, b) in state.allocated_blocks() {
+        let e = by_cat.entry(attribution.of(addr).category).or_default();
         e.0 += b.size;
         *e.1.entry(b.stack).or_default() += b.size;
     }

@@ -524,7 +524,8 @@ fn budget_overrun_flags_activations_when_checkpointing_was_assumed() {
     let f = v["findings"].as_array().unwrap().iter().find(|f| f["rule"] == "budget-overrun").expect("fires");
     assert_eq!(f["severity"], "warning");
     let msg = f["message"].as_str().unwrap();
-    assert!(msg.contains("Activations hold 6.50 GiB") && msg.contains("checkpointing is probably not active"), "{msg}");
+    // 6.65 GiB: the backward's temporaries that were counted as gradients are activations now (issue 37).
+    assert!(msg.contains("Activations hold 6.65 GiB") && msg.contains("checkpointing is probably not active"), "{msg}");
     assert_eq!(f["evidence"]["budget.worst_category"], "activation");
     // The text report shows the table and the finding.
     let text = stdout(&oomdoc(&[&CS336_MEDIUM[..CS336_MEDIUM.len() - 2], &["--checkpointing", "full"]].concat()));

@@ -7,6 +7,7 @@
 mod common;
 
 mod attachments;
+mod attribution;
 mod bad_input;
 mod bench_generator;
 mod budget;

@@ -22,6 +22,13 @@ const EXPECTED: &[(&str, &str, &str, &str)] = &[
         "AdamW state (cs336_basics/optimizers.py step) holds 25.6 GiB, half of allocated memory",
     ),
     (
+        "cs336-kk-state-71gb.pickle",
+        "optimizer-state",
+        "info",
+        "a state-only dump of the same AdamW training: its sizes repeat the parameters' four times (parameter, \
+         gradient, two moments), so 25.6 GiB is AdamW state, inferred from sizes (issue 37)",
+    ),
+    (
         "cs336-sidsoc-train-62gb.pickle",
         "optimizer-state",
         "info",

@@ -1,0 +1,442 @@
+//! What each live block at the moment is for, from everything the file holds, in order of trust:
+//!
+//! 1. **label** — the `user_metadata` torch wrote on the allocating event (component tracking names the module, or
+//!    `optimizer` during `optimizer.step`; `_set_memory_metadata` lets code set it);
+//! 2. **stack** — the allocating frames, judged by the library code in them (`rules/categories.toml`);
+//! 3. **inferred** — lifetime and size, where the capture recorded no stack: a block alive since before recording
+//!    began was built first and kept (parameters and buffers, and, if recording began after a step, gradients and
+//!    optimizer state, whose sizes repeat the parameters'); a block the backward allocated without a Python frame
+//!    (`stacks="python"` records none on the autograd thread) is a gradient when a parameter has its size and an
+//!    activation's gradient or temporary otherwise.
+//!
+//! Only bytes none of these decides stay `unknown`. Each block says which source decided, and an inferred one the
+//! reason, in a short phrase a report can show.
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use serde::Serialize;
+
+use super::categories::CategoryCache;
+use crate::timeline::replay::State;
+use crate::timeline::stacks::{StackId, EMPTY_STACK};
+use crate::timeline::{Action, DeviceTimeline, Timeline, NO_STR};
+
+/// How a block's category was known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// A label torch recorded on the allocation (`user_metadata`).
+    Label,
+    /// The frames of the allocating stack.
+    Stack,
+    /// Lifetime and size.
+    Inferred,
+}
+
+impl Source {
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Label => "label",
+            Source::Stack => "stack",
+            Source::Inferred => "inferred",
+        }
+    }
+}
+
+/// Why a block got its category when no stack said so, or when its stack alone could not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// Alive since before recording began and never freed: what the job built first.
+    BuiltBeforeRecording,
+    /// Alive since before recording; the parameters' sizes repeat, and this is one of the repeats.
+    RepeatsParameterSizes,
+    /// Allocated by the backward (no Python frame, or the autograd engine's frames) with a parameter's size.
+    BackwardParameterSized,
+    /// Allocated by the backward with a size no parameter has: an activation's gradient or a temporary.
+    BackwardNotParameterSized,
+    /// A state-only dump: sizes alone, which repeat the parameters'.
+    StateSizesRepeat,
+    /// A state-only dump: kept, and first of its size.
+    StateKept,
+    /// Alive since before recording; the trace allocates blocks of its size as this category again and again.
+    SizeAllocatedInTrace,
+    /// Alive since before recording, but the trace frees other blocks of its size made before it: transient.
+    FreedLikeIt,
+}
+
+impl Reason {
+    /// One short phrase for reports.
+    pub fn words(self) -> &'static str {
+        match self {
+            Reason::BuiltBeforeRecording => "allocated before recording began and kept: built with the model",
+            Reason::RepeatsParameterSizes => "allocated before recording; its size repeats the parameters'",
+            Reason::BackwardParameterSized => "allocated in the backward; a parameter has its size",
+            Reason::BackwardNotParameterSized => "allocated in the backward; no parameter has its size",
+            Reason::StateSizesRepeat => "no history recorded; its size repeats the parameters'",
+            Reason::StateKept => "no history recorded; taken as built with the model",
+            Reason::SizeAllocatedInTrace => "allocated before recording; the trace allocates its size as this",
+            Reason::FreedLikeIt => "allocated before recording; the trace frees others of its size, as activations are",
+        }
+    }
+}
+
+/// One block's category and how it was known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attributed {
+    pub category: &'static str,
+    /// `None` for `unknown`.
+    pub source: Option<Source>,
+    pub reason: Option<Reason>,
+    /// The `user_metadata` label of the allocating event, when it had one.
+    pub label: Option<crate::timeline::stacks::StrId>,
+}
+
+impl Attributed {
+    fn unknown() -> Attributed {
+        Attributed { category: "unknown", source: None, reason: None, label: None }
+    }
+}
+
+/// The category of every allocated block at a moment, by block address.
+#[derive(Debug, Default)]
+pub struct Attribution {
+    blocks: FxHashMap<u64, Attributed>,
+}
+
+impl Attribution {
+    /// The block at `addr` (an allocated block of the state this was computed from).
+    pub fn of(&self, addr: u64) -> Attributed {
+        self.blocks.get(&addr).copied().unwrap_or_else(Attributed::unknown)
+    }
+}
+
+/// Role a size group's blocks take, in the order the allocator's users create them.
+const ROLES: [&str; 3] = ["parameter", "gradient", "optimizer_state"];
+
+/// Attributes every allocated block of `state`.
+pub fn attribute(tl: &Timeline, dev: &DeviceTimeline, state: &State, cats: &mut CategoryCache) -> Attribution {
+    let (out, evidenced) = attribute_with(tl, dev, state, cats, None);
+    if evidenced.is_some() || dev.events.is_empty() {
+        return out;
+    }
+    // At this moment nothing live shows how many copies of each parameter the job keeps (in the forward, no
+    // gradient is live and the optimizer's state has no stack): the file's final state may.
+    let end = State::from_segments(&dev.segments);
+    match attribute_with(tl, dev, &end, cats, None).1 {
+        Some((_, parameter_bytes)) => attribute_with(tl, dev, state, cats, Some(parameter_bytes)).0,
+        None => out,
+    }
+}
+
+/// [`attribute`] at one state, with the parameters' bytes another state showed; also says how many copies per
+/// parameter this state's own blocks show, and the parameters' bytes, when they show it.
+fn attribute_with(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    state: &State,
+    cats: &mut CategoryCache,
+    parameters_elsewhere: Option<u64>,
+) -> (Attribution, Option<(u64, u64)>) {
+    let events = &dev.events;
+    let traced_stacks = events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
+    let mut out = Attribution::default();
+    // Blocks no label or stack decides, by the kind of inference they need.
+    let mut before_recording: Vec<(u64, u64)> = Vec::new();
+    let mut backward: Vec<(u64, u64)> = Vec::new();
+    let mut engine_checked: FxHashMap<StackId, bool> = FxHashMap::default();
+    for (_, addr, b) in state.allocated_blocks() {
+        let size = if b.requested > 0 { b.requested } else { b.size };
+        let label = b
+            .alloc_event
+            .map(|i| dev.attrs(&events[i as usize]).user_metadata)
+            .filter(|&s| s != NO_STR && !tl.strings.get(s).is_empty() && tl.strings.get(s) != "N/A");
+        if let Some(l) = label {
+            if let Some(c) = label_category(tl.strings.get(l)) {
+                out.blocks.insert(addr, Attributed { category: c, source: Some(Source::Label), reason: None, label });
+                continue;
+            }
+        }
+        if b.stack != EMPTY_STACK {
+            let c = cats.of(b.stack);
+            if c == "gradient" {
+                // The autograd engine allocates an activation's gradient and a temporary as readily as a weight's
+                // gradient: only AccumulateGrad's own frames settle it by stack.
+                let accumulate = *engine_checked.entry(b.stack).or_insert_with(|| accumulates_grad(tl, b.stack));
+                if !accumulate {
+                    backward.push((addr, size));
+                    out.blocks
+                        .insert(addr, Attributed { category: c, source: Some(Source::Stack), reason: None, label });
+                    continue;
+                }
+            }
+            let source = (c != "unknown").then_some(Source::Stack);
+            out.blocks.insert(addr, Attributed { category: c, source, reason: None, label });
+            continue;
+        }
+        match b.alloc_event {
+            None => before_recording.push((addr, size)),
+            // An allocation the trace saw with no frame while others have them: a thread without Python frames,
+            // which under stacks="python" is the autograd engine's.
+            Some(_) if traced_stacks => backward.push((addr, size)),
+            Some(_) => {
+                out.blocks.insert(addr, Attributed { label, ..Attributed::unknown() });
+            }
+        }
+    }
+
+    // Sizes a parameter has: known parameters, and the blocks kept from before recording (parameters and their
+    // copies), and what a stack calls optimizer state (each moment has its parameter's size).
+    let mut parameter_sized: FxHashSet<u64> = FxHashSet::default();
+    for (_, addr, b) in state.allocated_blocks() {
+        let a = out.of(addr);
+        if matches!(a.category, "parameter" | "optimizer_state") && a.source.is_some() {
+            parameter_sized.insert(if b.requested > 0 { b.requested } else { b.size });
+        }
+    }
+    parameter_sized.extend(before_recording.iter().map(|&(_, s)| s));
+
+    for &(addr, size) in &backward {
+        let prior = out.blocks.get(&addr).copied();
+        let (category, reason) = if parameter_sized.is_empty() {
+            // Nothing says which sizes are parameters: keep what the stack said (a gradient), or say nothing.
+            match prior {
+                Some(p) => (p.category, None),
+                None => ("unknown", None),
+            }
+        } else if parameter_sized.contains(&size) {
+            ("gradient", Some(Reason::BackwardParameterSized))
+        } else {
+            ("activation", Some(Reason::BackwardNotParameterSized))
+        };
+        let source = match prior {
+            Some(p) if p.source == Some(Source::Stack) => Some(Source::Stack),
+            _ if category == "unknown" => None,
+            _ => Some(Source::Inferred),
+        };
+        let label = prior.and_then(|p| p.label);
+        out.blocks.insert(addr, Attributed { category, source, reason, label });
+    }
+
+    let evidence = if before_recording.is_empty() { FxHashMap::default() } else { size_evidence(dev, cats) };
+    let roles =
+        roles_before_recording(&mut out, state, &before_recording, &evidence, events.is_empty(), parameters_elsewhere);
+    (out, roles)
+}
+
+/// What the trace allocates of each size: how many allocations were a parameter's kind (parameter, gradient,
+/// optimizer state, or the backward's frameless ones), and how many of every other category, by stack.
+#[derive(Default)]
+struct SizeEvidence {
+    parameter_kind: u32,
+    other: FxHashMap<&'static str, u32>,
+    /// Blocks of this size allocated before the trace and freed in it: not kept as a parameter is.
+    freed_from_before: u32,
+}
+
+fn size_evidence(dev: &DeviceTimeline, cats: &mut CategoryCache) -> FxHashMap<u64, SizeEvidence> {
+    let traced_stacks = dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
+    let mut by_size: FxHashMap<u64, SizeEvidence> = FxHashMap::default();
+    if !traced_stacks {
+        return by_size;
+    }
+    let mut seen_alloc: FxHashSet<u64> = FxHashSet::default();
+    for e in &dev.events {
+        match e.action {
+            Action::Alloc => {
+                seen_alloc.insert(e.addr);
+            }
+            Action::FreeRequested if !seen_alloc.contains(&e.addr) => {
+                by_size.entry(e.size).or_default().freed_from_before += 1;
+            }
+            _ => {}
+        }
+    }
+    for e in dev.events.iter().filter(|e| e.action == Action::Alloc) {
+        let ev = by_size.entry(e.size).or_default();
+        let c = if e.stack == EMPTY_STACK { "gradient" } else { cats.of(e.stack) };
+        if ROLES.contains(&c) {
+            ev.parameter_kind += 1;
+        } else {
+            *ev.other.entry(c).or_default() += 1;
+        }
+    }
+    by_size
+}
+
+/// The category a label names, when it names one: `optimizer` (component tracking's name for `optimizer.step`).
+/// A module's name says where in the model, not what for: the stack or the inference decides that.
+fn label_category(label: &str) -> Option<&'static str> {
+    let l = label.to_ascii_lowercase();
+    if l.contains("optimizer") || l.contains("optim.") {
+        return Some("optimizer_state");
+    }
+    None
+}
+
+fn accumulates_grad(tl: &Timeline, stack: StackId) -> bool {
+    tl.stacks.stack(stack).iter().any(|&f| {
+        let name = tl.strings.get(tl.stacks.frame(f).name);
+        name.contains("AccumulateGrad") || name.contains("accumulate_grad")
+    })
+}
+
+/// The blocks kept from before recording, by size: each parameter's size occurs once per copy the job keeps of it
+/// (its gradient, each optimizer moment). The copies per parameter are read from the sizes where the parameters'
+/// count is known (a gradient or optimizer state the trace saw, or a parameter's stack), else from how the counts
+/// divide; the first copy of each size is the parameter, then the gradient where gradients are kept, then the
+/// optimizer's moments.
+fn roles_before_recording(
+    out: &mut Attribution,
+    state: &State,
+    blocks: &[(u64, u64)],
+    evidence: &FxHashMap<u64, SizeEvidence>,
+    state_only: bool,
+    parameters_elsewhere: Option<u64>,
+) -> Option<(u64, u64)> {
+    if blocks.is_empty() {
+        return None;
+    }
+    // Known roles per size, from the live blocks a label, stack or the backward decided.
+    let mut known: FxHashMap<u64, [u64; 3]> = FxHashMap::default();
+    for (_, addr, b) in state.allocated_blocks() {
+        let a = out.of(addr);
+        if let Some(r) = ROLES.iter().position(|c| *c == a.category) {
+            if a.source.is_some() {
+                known.entry(if b.requested > 0 { b.requested } else { b.size }).or_default()[r] += 1;
+            }
+        }
+    }
+    let mut by_size: FxHashMap<u64, Vec<u64>> = FxHashMap::default();
+    for &(addr, size) in blocks {
+        // A size the trace allocates again and again as something other than a parameter's kind (the same
+        // activation each layer or step, the user's own tensors) is that, not a parameter: parameters are not
+        // allocated again.
+        let seen = evidence.get(&size);
+        let known_kind = known.get(&size).is_some_and(|k| k.iter().any(|&n| n > 0));
+        if let Some(ev) = seen.filter(|_| !known_kind) {
+            let (other, n) =
+                ev.other.iter().max_by_key(|(c, n)| (**n, std::cmp::Reverse(**c))).map_or(("", 0), |(c, n)| (*c, *n));
+            if n > ev.parameter_kind {
+                let (source, reason) = if other == "unknown" {
+                    (None, None)
+                } else {
+                    (Some(Source::Inferred), Some(Reason::SizeAllocatedInTrace))
+                };
+                out.blocks.insert(addr, Attributed { category: other, source, reason, label: None });
+                continue;
+            }
+            if ev.parameter_kind == 0 && ev.freed_from_before > 0 {
+                let a = Attributed {
+                    category: "activation",
+                    source: Some(Source::Inferred),
+                    reason: Some(Reason::FreedLikeIt),
+                    label: None,
+                };
+                out.blocks.insert(addr, a);
+                continue;
+            }
+        }
+        by_size.entry(size).or_default().push(addr);
+    }
+    if by_size.is_empty() {
+        return None;
+    }
+    let gradients_seen = known.values().any(|k| k[1] > 0);
+    // Copies per parameter (roles), by bytes: from the sizes whose parameter count is known.
+    let mut votes: FxHashMap<u64, u64> = FxHashMap::default();
+    for (&size, addrs) in &by_size {
+        let Some(k) = known.get(&size) else { continue };
+        let params = k[0].max(k[1]);
+        if params == 0 {
+            continue;
+        }
+        let total = addrs.len() as u64 + k[0] + k[1] + k[2];
+        let roles = ((total as f64 / params as f64).round() as u64).clamp(1, 4);
+        *votes.entry(roles).or_default() += size * addrs.len() as u64;
+    }
+    // Evidence from a few sizes does not speak for the rest: it must cover a quarter of these bytes.
+    let all_bytes: u64 = by_size.iter().map(|(s, a)| s * a.len() as u64).sum();
+    let voted: u64 = votes.values().sum();
+    let evidenced = votes
+        .into_iter()
+        .max_by_key(|&(r, b)| (b, std::cmp::Reverse(r)))
+        .map(|(r, _)| r)
+        .filter(|_| voted * 4 >= all_bytes);
+    // Without a size whose parameters the trace shows, only a state-only dump reads copies from counts alone: a
+    // trace's blocks kept from before it began are taken as built with the model.
+    // Where this moment shows no copies, the parameters' bytes another moment showed do: what is kept from before
+    // recording, divided by them, is the copies kept now (a gradient set to None since is not among them).
+    let evidenced = evidenced.or_else(|| {
+        parameters_elsewhere.filter(|&p| p > 0).map(|p| ((all_bytes as f64 / p as f64).round() as u64).clamp(1, 4))
+    });
+    let roles = evidenced.unwrap_or_else(|| if state_only { copies_from_counts(&by_size) } else { 1 });
+    // A state-only dump has no lifetimes: without sizes that repeat as a parameter's copies do, nothing is known.
+    if state_only && evidenced.is_none() && roles == 1 {
+        return None;
+    }
+    let reason_first = if state_only { Reason::StateKept } else { Reason::BuiltBeforeRecording };
+    let reason_copy = if state_only { Reason::StateSizesRepeat } else { Reason::RepeatsParameterSizes };
+    let mut parameter_bytes: u64 = known.iter().map(|(size, k)| size * k[0]).sum();
+    let mut sizes: Vec<u64> = by_size.keys().copied().collect();
+    sizes.sort_unstable();
+    for size in sizes {
+        let mut addrs = by_size.remove(&size).unwrap_or_default();
+        addrs.sort_unstable();
+        let k = known.get(&size).copied().unwrap_or_default();
+        let total = addrs.len() as u64 + k[0] + k[1] + k[2];
+        if state_only && evidenced.is_none() && !total.is_multiple_of(roles) {
+            // Not one of the repeating sizes: a state dump says nothing more of it.
+            continue;
+        }
+        // Known gradients undercount the parameters where recording began inside the backward.
+        let params = total.div_ceil(roles).max(k[0]);
+        // The roles this size has, one slot per copy: parameters, then gradients (kept where the job keeps them:
+        // two copies, or four with two moments), then optimizer moments.
+        let with_grad = match roles {
+            2 => !gradients_seen || k[1] > 0,
+            4 => true,
+            _ => k[1] > 0,
+        };
+        let mut need = [
+            params.saturating_sub(k[0]),
+            if with_grad { params.saturating_sub(k[1]) } else { 0 },
+            (params * roles).saturating_sub(params + if with_grad { params } else { 0 }).saturating_sub(k[2]),
+        ];
+        for addr in addrs {
+            let role = need.iter().position(|&n| n > 0).unwrap_or(0);
+            need[role] = need[role].saturating_sub(1);
+            let reason = if role == 0 { reason_first } else { reason_copy };
+            if role == 0 {
+                parameter_bytes += size;
+            }
+            out.blocks.insert(
+                addr,
+                Attributed { category: ROLES[role], source: Some(Source::Inferred), reason: Some(reason), label: None },
+            );
+        }
+    }
+    evidenced.map(|r| (r, parameter_bytes))
+}
+
+/// Copies kept per parameter, read from the counts alone: the sizes that hold the memory (each at least 1% of it)
+/// repeat once per layer and per copy, so their counts share the copies as a factor; one large tensor of its own
+/// size (an embedding without its copies, an activation) says there are none. A
+/// factor of 2 is as often an even number of layers or an untied embedding as a gradient, so only 3 (two optimizer
+/// moments, or a gradient and one) and 4 (a gradient and two moments) count.
+fn copies_from_counts(by_size: &FxHashMap<u64, Vec<u64>>) -> u64 {
+    let total: u64 = by_size.iter().map(|(s, a)| s * a.len() as u64).sum();
+    let counts: Vec<u64> =
+        by_size.iter().filter(|(s, a)| (*s * a.len() as u64) * 100 >= total).map(|(_, a)| a.len() as u64).collect();
+    if counts.len() < 2 {
+        return 1;
+    }
+    let g = counts.iter().fold(0, |g, &c| gcd(g, c));
+    [4, 3].into_iter().find(|&k| g.is_multiple_of(k)).unwrap_or(1)
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}

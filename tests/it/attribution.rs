@@ -1,0 +1,136 @@
+//! What holds each byte: the category patterns' misfires (a file's name decides nothing; a parameter is what a
+//! constructor or DataParallel's replicate makes), and the inference where the capture recorded no stack, on real
+//! snapshots and on copies degraded as torch would have written them (bench/attribution.py measures all of them).
+
+use crate::common;
+use oomdoc::analysis::categories::Categorizer;
+use oomdoc::timeline::stacks::Frame;
+use oomdoc::timeline::Timeline;
+use serde_json::Value;
+
+/// The category of a stack given innermost first as (file, function).
+fn category(frames: &[(&str, &str)]) -> &'static str {
+    let mut tl = Timeline::default();
+    let ids: Vec<u32> = frames
+        .iter()
+        .map(|(file, func)| {
+            let f = Frame { filename: tl.strings.intern(file), name: tl.strings.intern(func), line: 1 };
+            tl.stacks.intern_frame(f)
+        })
+        .collect();
+    let stack = tl.stacks.intern_stack(&ids);
+    Categorizer::builtin().classify(&tl, stack)
+}
+
+#[test]
+fn dataparallel_replicas_are_parameters_not_gradients() {
+    let replicate = [
+        ("/usr/lib/python3.12/site-packages/torch/nn/parallel/comm.py", "broadcast_coalesced"),
+        ("/usr/lib/python3.12/site-packages/torch/nn/parallel/_functions.py", "forward"),
+        ("/usr/lib/python3.12/site-packages/torch/autograd/function.py", "apply"),
+        ("/usr/lib/python3.12/site-packages/torch/nn/parallel/replicate.py", "_broadcast_coalesced_reshape"),
+        ("/usr/lib/python3.12/site-packages/torch/nn/parallel/data_parallel.py", "replicate"),
+        ("train.py", "main"),
+    ];
+    assert_eq!(category(&replicate), "parameter");
+    // A custom autograd Function's forward runs in torch/autograd/function.py too: that file alone is no backward.
+    assert_eq!(category(&[("ops.py", "forward_impl"), ("/x/torch/autograd/function.py", "apply")]), "unknown");
+}
+
+#[test]
+fn a_scripts_name_decides_nothing() {
+    assert_eq!(category(&[("/home/u/nccl_bench.py", "body"), ("/home/u/nccl_bench.py", "<module>")]), "unknown");
+    assert_eq!(category(&[("/home/u/run.py", "test_nccl_speed")]), "unknown");
+    // NCCL's own frames still are communication.
+    let c10d = [("/x/torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "main")];
+    assert_eq!(category(&c10d), "communication");
+    // A training loop's function named `step` is not an optimizer.
+    assert_eq!(category(&[("run.py", "step"), ("run.py", "main")]), "unknown");
+}
+
+#[test]
+fn a_user_written_parameter_and_optimizer_state_are_named() {
+    // A hand-written Linear: the allocating line is in its constructor.
+    let linear = [("cs336_basics/model.py", "__init__"), ("cs336_basics/model.py", "__init__"), ("train.py", "main")];
+    assert_eq!(category(&linear), "parameter");
+    // What a constructor calls further in is judged by its own line: a warm-up forward stays activation.
+    let warmup = [("model.py", "forward"), ("model.py", "warm_up"), ("trainer.py", "__init__")];
+    assert_eq!(category(&warmup), "activation");
+    // A hand-written optimizer's state, made where optimizers make it.
+    assert_eq!(
+        category(&[("my_adam.py", "_init_group"), ("my_adam.py", "step"), ("train.py", "main")]),
+        "optimizer_state"
+    );
+}
+
+fn json(args: &[&str]) -> Value {
+    let o = common::oomdoc(args);
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+fn by_category(d: &Value) -> Vec<(String, u64)> {
+    d["by_category"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["category"].as_str().unwrap().to_string(), c["bytes"].as_u64().unwrap()))
+        .collect()
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+#[test]
+fn blocks_from_before_recording_are_the_parameters_and_their_adam_moments() {
+    // Recording began after the model was built and after a step: 878 blocks (38.5 GiB) have no stack. The backward
+    // in the trace allocates 12.8 GiB of gradients, one per parameter; the blocks from before repeat their sizes
+    // three times: the parameters and AdamW's two moments.
+    let v = json(&[
+        "analyze",
+        "--format",
+        "json",
+        "--at",
+        "end",
+        "fixtures/attribution/cs336-aimetrics-2.7b-train-fp32-70gb.pickle",
+    ]);
+    let d = &v["devices"][0];
+    let cats = by_category(d);
+    let get = |c: &str| cats.iter().find(|(n, _)| n == c).map_or(0, |(_, b)| *b) as f64 / GIB;
+    assert!((get("parameter") - 12.8).abs() < 0.2, "{cats:?}");
+    assert!((get("optimizer_state") - 25.6).abs() < 0.3, "{cats:?}");
+    assert!((get("gradient") - 12.8).abs() < 0.2, "{cats:?}");
+    assert_eq!(get("unknown"), 0.0, "{cats:?}");
+    // Each inferred byte says how it was inferred, and the JSON says which source named it.
+    let rows = d["by_stack"].as_array().unwrap();
+    let inferred: Vec<&Value> = rows.iter().filter(|r| r["source"] == "inferred").collect();
+    assert!(!inferred.is_empty() && inferred.iter().all(|r| r["inferred_from"].is_string()), "{rows:?}");
+    let opt = d["by_category"].as_array().unwrap().iter().find(|c| c["category"] == "optimizer_state").unwrap();
+    assert_eq!(opt["source_bytes"]["inferred"], opt["bytes"]);
+    // The capture advice names the cause the file shows (recording began late), not stacks="python".
+    let notes = d["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect::<Vec<_>>().join("\n");
+    assert!(notes.contains("made before recording began") && notes.contains("before the model is built"), "{notes}");
+    assert!(!notes.contains("Record with _record_memory_history(context=\"all\", stacks=\"python\")"), "{notes}");
+}
+
+#[test]
+fn the_backwards_temporaries_are_activations_and_its_weight_gradients_gradients() {
+    // stacks="all": every backward allocation passes through the autograd engine's frames. Those with a
+    // parameter's size are its gradients; the rest (an activation's gradient, a temporary) are activations.
+    let v = json(&["analyze", "--format", "json", "--at", "end", "fixtures/real/cs336-kk-fullstep-57gb.pickle"]);
+    let d = &v["devices"][0];
+    let rows = d["by_stack"].as_array().unwrap();
+    let engine: Vec<&Value> =
+        rows.iter().filter(|r| r["callers"].as_str().unwrap().contains("native frames only")).collect();
+    assert!(engine.iter().any(|r| r["category"] == "gradient"), "{engine:?}");
+    let cats = by_category(d);
+    let get = |c: &str| cats.iter().find(|(n, _)| n == c).map_or(0, |(_, b)| *b) as f64 / GIB;
+    assert!((get("gradient") - 12.8).abs() < 0.2 && (get("parameter") - 12.8).abs() < 0.2, "{cats:?}");
+}
+
+#[test]
+fn a_state_only_dump_of_unrelated_sizes_stays_unknown() {
+    // No history, no frames, sizes with no parameter's copies among them: nothing decides, so nothing is claimed.
+    let v = json(&["analyze", "--format", "json", "fixtures/attribution/eqpost-oom-observer-state.pickle"]);
+    let cats = by_category(&v["devices"][0]);
+    assert_eq!(cats.len(), 1, "{cats:?}");
+    assert_eq!(cats[0].0, "unknown");
+}
