@@ -16,7 +16,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
 use super::categories::CategoryCache;
-use crate::timeline::replay::State;
+use crate::timeline::replay::{LiveBlock, State};
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
 use crate::timeline::{Action, DeviceTimeline, Timeline, NO_STR};
 
@@ -32,17 +32,7 @@ pub enum Source {
     Inferred,
 }
 
-impl Source {
-    pub fn name(self) -> &'static str {
-        match self {
-            Source::Label => "label",
-            Source::Stack => "stack",
-            Source::Inferred => "inferred",
-        }
-    }
-}
-
-/// Why a block got its category when no stack said so, or when its stack alone could not.
+/// Why a block got its category when no stack said so, or when its stack alone could not. JSON writes its phrase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reason {
     /// Alive since before recording began and never freed: what the job built first.
@@ -79,6 +69,12 @@ impl Reason {
     }
 }
 
+impl Serialize for Reason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.words())
+    }
+}
+
 /// One block's category and how it was known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attributed {
@@ -86,13 +82,11 @@ pub struct Attributed {
     /// `None` for `unknown`.
     pub source: Option<Source>,
     pub reason: Option<Reason>,
-    /// The `user_metadata` label of the allocating event, when it had one.
-    pub label: Option<crate::timeline::stacks::StrId>,
 }
 
 impl Attributed {
     fn unknown() -> Attributed {
-        Attributed { category: "unknown", source: None, reason: None, label: None }
+        Attributed { category: "unknown", source: None, reason: None }
     }
 }
 
@@ -114,16 +108,37 @@ const ROLES: [&str; 3] = ["parameter", "gradient", "optimizer_state"];
 
 /// Attributes every allocated block of `state`.
 pub fn attribute(tl: &Timeline, dev: &DeviceTimeline, state: &State, cats: &mut CategoryCache) -> Attribution {
-    let (out, evidenced) = attribute_with(tl, dev, state, cats, None);
+    let mut trace = TraceEvidence::of(dev);
+    let (out, evidenced) = attribute_with(tl, dev, state, cats, &mut trace, None);
     if evidenced.is_some() || dev.events.is_empty() {
         return out;
     }
     // At this moment nothing live shows how many copies of each parameter the job keeps (in the forward, no
     // gradient is live and the optimizer's state has no stack): the file's final state may.
     let end = State::from_segments(&dev.segments);
-    match attribute_with(tl, dev, &end, cats, None).1 {
-        Some((_, parameter_bytes)) => attribute_with(tl, dev, state, cats, Some(parameter_bytes)).0,
+    match attribute_with(tl, dev, &end, cats, &mut trace, None).1 {
+        Some((_, parameter_bytes)) => attribute_with(tl, dev, state, cats, &mut trace, Some(parameter_bytes)).0,
         None => out,
+    }
+}
+
+/// What the whole trace says, whatever the moment: whether it records stacks, and what it allocates (and frees
+/// from before it began) of each size.
+struct TraceEvidence {
+    stacks: bool,
+    /// Read once, when a moment first has blocks from before recording.
+    by_size: Option<FxHashMap<u64, SizeEvidence>>,
+}
+
+impl TraceEvidence {
+    fn of(dev: &DeviceTimeline) -> TraceEvidence {
+        let stacks = dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
+        TraceEvidence { stacks, by_size: None }
+    }
+
+    fn by_size(&mut self, dev: &DeviceTimeline, cats: &mut CategoryCache) -> &FxHashMap<u64, SizeEvidence> {
+        let stacks = self.stacks;
+        self.by_size.get_or_insert_with(|| if stacks { size_evidence(dev, cats) } else { FxHashMap::default() })
     }
 }
 
@@ -134,26 +149,24 @@ fn attribute_with(
     dev: &DeviceTimeline,
     state: &State,
     cats: &mut CategoryCache,
+    trace: &mut TraceEvidence,
     parameters_elsewhere: Option<u64>,
 ) -> (Attribution, Option<(u64, u64)>) {
     let events = &dev.events;
-    let traced_stacks = events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
     let mut out = Attribution::default();
     // Blocks no label or stack decides, by the kind of inference they need.
     let mut before_recording: Vec<(u64, u64)> = Vec::new();
     let mut backward: Vec<(u64, u64)> = Vec::new();
     let mut engine_checked: FxHashMap<StackId, bool> = FxHashMap::default();
     for (_, addr, b) in state.allocated_blocks() {
-        let size = if b.requested > 0 { b.requested } else { b.size };
+        let size = caller_size(b);
         let label = b
             .alloc_event
             .map(|i| dev.attrs(&events[i as usize]).user_metadata)
             .filter(|&s| s != NO_STR && !tl.strings.get(s).is_empty() && tl.strings.get(s) != "N/A");
-        if let Some(l) = label {
-            if let Some(c) = label_category(tl.strings.get(l)) {
-                out.blocks.insert(addr, Attributed { category: c, source: Some(Source::Label), reason: None, label });
-                continue;
-            }
+        if let Some(c) = label.and_then(|l| label_category(tl.strings.get(l))) {
+            out.blocks.insert(addr, Attributed { category: c, source: Some(Source::Label), reason: None });
+            continue;
         }
         if b.stack != EMPTY_STACK {
             let c = cats.of(b.stack);
@@ -163,23 +176,20 @@ fn attribute_with(
                 let accumulate = *engine_checked.entry(b.stack).or_insert_with(|| accumulates_grad(tl, b.stack));
                 if !accumulate {
                     backward.push((addr, size));
-                    out.blocks
-                        .insert(addr, Attributed { category: c, source: Some(Source::Stack), reason: None, label });
+                    out.blocks.insert(addr, Attributed { category: c, source: Some(Source::Stack), reason: None });
                     continue;
                 }
             }
             let source = (c != "unknown").then_some(Source::Stack);
-            out.blocks.insert(addr, Attributed { category: c, source, reason: None, label });
+            out.blocks.insert(addr, Attributed { category: c, source, reason: None });
             continue;
         }
         match b.alloc_event {
             None => before_recording.push((addr, size)),
             // An allocation the trace saw with no frame while others have them: a thread without Python frames,
             // which under stacks="python" is the autograd engine's.
-            Some(_) if traced_stacks => backward.push((addr, size)),
-            Some(_) => {
-                out.blocks.insert(addr, Attributed { label, ..Attributed::unknown() });
-            }
+            Some(_) if trace.stacks => backward.push((addr, size)),
+            Some(_) => {}
         }
     }
 
@@ -189,7 +199,7 @@ fn attribute_with(
     for (_, addr, b) in state.allocated_blocks() {
         let a = out.of(addr);
         if matches!(a.category, "parameter" | "optimizer_state") && a.source.is_some() {
-            parameter_sized.insert(if b.requested > 0 { b.requested } else { b.size });
+            parameter_sized.insert(caller_size(b));
         }
     }
     parameter_sized.extend(before_recording.iter().map(|&(_, s)| s));
@@ -212,13 +222,20 @@ fn attribute_with(
             _ if category == "unknown" => None,
             _ => Some(Source::Inferred),
         };
-        let label = prior.and_then(|p| p.label);
-        out.blocks.insert(addr, Attributed { category, source, reason, label });
+        out.blocks.insert(addr, Attributed { category, source, reason });
     }
 
-    let evidence = if before_recording.is_empty() { FxHashMap::default() } else { size_evidence(dev, cats) };
-    let roles =
-        roles_before_recording(&mut out, state, &before_recording, &evidence, events.is_empty(), parameters_elsewhere);
+    if before_recording.is_empty() {
+        return (out, None);
+    }
+    let roles = roles_before_recording(
+        &mut out,
+        state,
+        &before_recording,
+        trace.by_size(dev, cats),
+        events.is_empty(),
+        parameters_elsewhere,
+    );
     (out, roles)
 }
 
@@ -233,11 +250,7 @@ struct SizeEvidence {
 }
 
 fn size_evidence(dev: &DeviceTimeline, cats: &mut CategoryCache) -> FxHashMap<u64, SizeEvidence> {
-    let traced_stacks = dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
     let mut by_size: FxHashMap<u64, SizeEvidence> = FxHashMap::default();
-    if !traced_stacks {
-        return by_size;
-    }
     let mut seen_alloc: FxHashSet<u64> = FxHashSet::default();
     for e in &dev.events {
         match e.action {
@@ -272,6 +285,16 @@ fn label_category(label: &str) -> Option<&'static str> {
     None
 }
 
+/// The size the caller asked for, which is what repeats between a parameter and its copies (the block's own size
+/// may carry a split remainder); the block's size where the file does not say.
+fn caller_size(b: &LiveBlock) -> u64 {
+    if b.requested > 0 {
+        b.requested
+    } else {
+        b.size
+    }
+}
+
 fn accumulates_grad(tl: &Timeline, stack: StackId) -> bool {
     tl.stacks.stack(stack).iter().any(|&f| {
         let name = tl.strings.get(tl.stacks.frame(f).name);
@@ -301,7 +324,7 @@ fn roles_before_recording(
         let a = out.of(addr);
         if let Some(r) = ROLES.iter().position(|c| *c == a.category) {
             if a.source.is_some() {
-                known.entry(if b.requested > 0 { b.requested } else { b.size }).or_default()[r] += 1;
+                known.entry(caller_size(b)).or_default()[r] += 1;
             }
         }
     }
@@ -321,7 +344,7 @@ fn roles_before_recording(
                 } else {
                     (Some(Source::Inferred), Some(Reason::SizeAllocatedInTrace))
                 };
-                out.blocks.insert(addr, Attributed { category: other, source, reason, label: None });
+                out.blocks.insert(addr, Attributed { category: other, source, reason });
                 continue;
             }
             if ev.parameter_kind == 0 && ev.freed_from_before > 0 {
@@ -329,7 +352,6 @@ fn roles_before_recording(
                     category: "activation",
                     source: Some(Source::Inferred),
                     reason: Some(Reason::FreedLikeIt),
-                    label: None,
                 };
                 out.blocks.insert(addr, a);
                 continue;
@@ -410,7 +432,7 @@ fn roles_before_recording(
             }
             out.blocks.insert(
                 addr,
-                Attributed { category: ROLES[role], source: Some(Source::Inferred), reason: Some(reason), label: None },
+                Attributed { category: ROLES[role], source: Some(Source::Inferred), reason: Some(reason) },
             );
         }
     }

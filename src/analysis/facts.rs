@@ -150,8 +150,6 @@ pub struct Context<'a> {
     pub replay: &'a Replay<'a>,
     /// The allocator state at the report's moment.
     pub state: &'a crate::timeline::replay::State,
-    /// What each live block at the moment is for.
-    pub attribution: &'a super::attribution::Attribution,
     pub report: &'a DeviceReport,
     /// The GPU's capacity, when the user gave it.
     pub gpu_memory: Option<u64>,
@@ -318,15 +316,9 @@ pub fn compute(cx: &Context, ev: &EventFacts, leaks: impl FnOnce() -> LeakPass) 
         f.num("settings.max_split_size_bytes", m as f64, Unit::Bytes, "max_split_size_mb, in bytes");
     }
 
-    // Live memory by category, at the moment.
-    let mut by_cat: FxHashMap<&'static str, (u64, usize)> = FxHashMap::default();
-    for (_, addr, b) in cx.state.allocated_blocks() {
-        let e = by_cat.entry(cx.attribution.of(addr).category).or_default();
-        e.0 = e.0.saturating_add(b.size);
-        e.1 += 1;
-    }
+    // Live memory by category, at the moment (the report's own split).
     for c in CATEGORIES {
-        let (b, n) = by_cat.get(c).copied().unwrap_or_default();
+        let (b, n) = r.by_category.iter().find(|x| x.category == c).map_or((0, 0), |x| (x.bytes, x.count));
         f.num(&format!("live.{c}_bytes"), b as f64, Unit::Bytes, "live bytes in this category at the moment");
         f.num(&format!("live.{c}_count"), n as f64, Unit::Count, "live allocations in this category");
         if r.allocated_bytes > 0 {
@@ -335,7 +327,7 @@ pub fn compute(cx: &Context, ev: &EventFacts, leaks: impl FnOnce() -> LeakPass) 
     }
     // Summed over the blocks rather than taken from the allocated counter: the two agree on any file a real
     // allocator wrote, and a hand-made one whose blocks overlap may make the counter the smaller.
-    let known = by_cat.iter().filter(|(c, _)| **c != "unknown").fold(0u64, |t, (_, x)| t.saturating_add(x.0));
+    let known = r.by_category.iter().filter(|c| c.category != "unknown").fold(0u64, |t, c| t.saturating_add(c.bytes));
     f.num("live.categorized_bytes", known as f64, Unit::Bytes, "live bytes whose category is known");
 
     // Largest live allocation.

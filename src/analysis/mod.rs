@@ -423,12 +423,10 @@ pub struct Allocation {
     /// How that was known: `label`, `stack` or `inferred` (null for `unknown`).
     pub source: Option<attribution::Source>,
     /// For an inferred category: what decided it, in a phrase.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub inferred_from: Option<&'static str>,
+    #[serde(rename = "inferred_from", skip_serializing_if = "Option::is_none")]
+    pub reason: Option<attribution::Reason>,
     #[serde(skip)]
     pub stack_id: StackId,
-    #[serde(skip)]
-    pub reason: Option<attribution::Reason>,
 }
 
 #[derive(Debug, Serialize)]
@@ -443,8 +441,8 @@ pub struct StackGroup {
     /// temporaries), so a group is one stack and one category.
     pub category: &'static str,
     pub source: Option<attribution::Source>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub inferred_from: Option<&'static str>,
+    #[serde(rename = "inferred_from", skip_serializing_if = "Option::is_none")]
+    pub reason: Option<attribution::Reason>,
     #[serde(skip)]
     pub stack_id: StackId,
 }
@@ -610,7 +608,6 @@ fn analyze_device<'t>(
             dev,
             replay: &replay,
             state: &state,
-            attribution: &attribution,
             report: &report,
             gpu_memory: opts.gpu_memory,
             memory_cap: opts.memory_cap,
@@ -618,7 +615,6 @@ fn analyze_device<'t>(
         let facts = facts::compute(&cx, &event_facts, leaks);
         (report, facts, state, attribution)
     });
-    report.by_category = category_bytes(&state, &attribution);
     report.facts = facts;
     report.holder = verdict::holder(tl, &report, &state, &attribution);
     if opts.chart_categories {
@@ -759,7 +755,7 @@ fn device_report(
         top_allocations,
         by_stack,
         trace,
-        by_category: Vec::new(),
+        by_category: category_bytes(&state, &attribution),
         budget: None,
         observed: None,
         source: ReportSource::Snapshot,
@@ -789,9 +785,11 @@ fn category_bytes(state: &State, attribution: &attribution::Attribution) -> Vec<
         c.bytes = c.bytes.saturating_add(b.size);
         c.count += 1;
         match a.source {
-            Some(attribution::Source::Label) => c.source_bytes.label += b.size,
-            Some(attribution::Source::Stack) => c.source_bytes.stack += b.size,
-            Some(attribution::Source::Inferred) => c.source_bytes.inferred += b.size,
+            Some(attribution::Source::Label) => c.source_bytes.label = c.source_bytes.label.saturating_add(b.size),
+            Some(attribution::Source::Stack) => c.source_bytes.stack = c.source_bytes.stack.saturating_add(b.size),
+            Some(attribution::Source::Inferred) => {
+                c.source_bytes.inferred = c.source_bytes.inferred.saturating_add(b.size)
+            }
             None => {}
         }
     }
@@ -870,9 +868,8 @@ fn live_allocations(
             stack: Vec::new(),
             category: attribution.of(addr).category,
             source: attribution.of(addr).source,
-            inferred_from: attribution.of(addr).reason.map(attribution::Reason::words),
-            stack_id: b.stack,
             reason: attribution.of(addr).reason,
+            stack_id: b.stack,
         })
         .collect();
     live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.address.cmp(&b.address)));
@@ -925,7 +922,7 @@ fn stack_groups(tl: &Timeline, live: &[Allocation], top: usize) -> StackShares {
             stack: Vec::new(),
             category,
             source,
-            inferred_from: reason.map(attribution::Reason::words),
+            reason,
             stack_id,
         })
         .collect();
@@ -945,9 +942,9 @@ fn stack_groups(tl: &Timeline, live: &[Allocation], top: usize) -> StackShares {
     for g in &mut by_stack {
         g.culprit = culprit(tl, g.stack_id);
         g.callers = user_chain(tl, g.stack_id, depth);
-        if let (true, Some(why)) = (g.stack_id == EMPTY_STACK, g.inferred_from) {
+        if let (true, Some(why)) = (g.stack_id == EMPTY_STACK, g.reason) {
             // What the lifetime and size say is all there is to show of these: say it where the stack would be.
-            g.callers = format!("(no stack recorded; {} inferred: {why})", g.category.replace('_', " "));
+            g.callers = format!("(no stack recorded; {} inferred: {})", g.category.replace('_', " "), why.words());
         }
         g.stack = stack_frames(tl, g.stack_id).iter().map(FrameView::full).collect();
     }
