@@ -364,9 +364,14 @@ def make_variant(snap, variant):
 # ---------------------------------------------------------------------------------------------------------------
 # running oomdoc
 
+# The moment compared (--at): the end of the capture by default; `peak` or `auto` (the OOM, else the peak) check
+# the answer where the verdict is given, scored only where the degraded file's moment holds the same bytes.
+AT = "end"
+
+
 def run_oomdoc(binary, path, timeout):
     """{'devices': {dev: {'allocated': int, 'cats': {cat: bytes}, 'source': str}}} or {'error': str}."""
-    cmd = [binary, "analyze", "--format", "json", "--at", "end", "--no-progress", path]
+    cmd = [binary, "analyze", "--format", "json", "--at", AT, "--no-progress", path]
     t = time.monotonic()
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
@@ -406,6 +411,9 @@ def score(full, deg):
     wrong = wrong / da if da else 0.0
     unknown = deg["cats"].get("unknown", 0) / da if da else 0.0
     if share < MIN_NAMED or fnamed == 0:
+        return None, wrong, unknown, share
+    if abs(da - fa) > 0.01 * fa:
+        # Another moment (the full trace's peak fell before the degraded trace begins): nothing to compare.
         return None, wrong, unknown, share
     agree = sum(min(v, deg["cats"].get(k, 0)) for k, v in full["cats"].items() if k != "unknown") / fnamed
     return agree, wrong, unknown, share
@@ -526,7 +534,7 @@ def attribution(args, inputs):
     print("|---|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
         if r["ok"] is None:
-            res = "n/a (reference too unnamed)"
+            res = "n/a (reference too unnamed, or another moment)"
         elif "error" in r:
             res = "error" if r["counted"] else "error (not counted)"
         elif r["counted"]:
@@ -634,7 +642,11 @@ def main(argv):
     ap.add_argument("--keep-dir", metavar="DIR", help="write the degraded files here and keep them")
     ap.add_argument("--jobs", type=int, default=2, help="oomdoc runs at once (default 2)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per oomdoc run (default 600)")
+    ap.add_argument("--at", default="end", choices=["end", "peak", "auto"],
+                    help="the moment compared (default end); cases whose moments differ are not scored")
     args = ap.parse_args(argv)
+    global AT
+    AT = args.at
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for v in args.variants:
         if v not in ALL_VARIANTS and not (v.startswith("late@") and v.split("@")[1].split("+")[0]

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::categories::CategoryCache;
 use crate::timeline::replay::{LiveBlock, State};
-use crate::timeline::stacks::{StackId, EMPTY_STACK};
+use crate::timeline::stacks::{StackId, StrId, EMPTY_STACK};
 use crate::timeline::{Action, DeviceTimeline, Timeline, NO_STR};
 
 /// How a block's category was known.
@@ -90,10 +90,19 @@ impl Attributed {
     }
 }
 
-/// The category of every allocated block at a moment, by block address.
+/// The category of every allocated block at a moment, by block address, and the labels torch recorded on it.
 #[derive(Debug, Default)]
 pub struct Attribution {
     blocks: FxHashMap<u64, Attributed>,
+    labels: FxHashMap<u64, Labels>,
+}
+
+/// What torch recorded of a block besides its stack: the `user_metadata` of its allocation (component tracking's
+/// module name, `optimizer`, or what code set) and the last `annotate` entry made on it since.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Labels {
+    pub alloc: Option<StrId>,
+    pub annotation: Option<StrId>,
 }
 
 impl Attribution {
@@ -101,25 +110,68 @@ impl Attribution {
     pub fn of(&self, addr: u64) -> Attributed {
         self.blocks.get(&addr).copied().unwrap_or_else(Attributed::unknown)
     }
+
+    pub fn labels(&self, addr: u64) -> Labels {
+        self.labels.get(&addr).copied().unwrap_or_default()
+    }
+}
+
+/// The labels of every allocated block of `state`, once the first `seen` trace events happened: a block's
+/// `annotate` entries come after its allocation and no later than the moment.
+fn labels(tl: &Timeline, dev: &DeviceTimeline, state: &State, seen: usize) -> FxHashMap<u64, Labels> {
+    let text = |s: StrId| (s != NO_STR && !matches!(tl.strings.get(s), "" | "N/A")).then_some(s);
+    let last = seen.min(dev.events.len());
+    let mut annotations: FxHashMap<u64, Vec<(u32, StrId)>> = FxHashMap::default();
+    for (i, e) in dev.events[..last].iter().enumerate().filter(|(_, e)| e.action == Action::Annotate) {
+        if let Some(s) = text(dev.attrs(e).user_metadata) {
+            annotations.entry(e.addr).or_default().push((i as u32, s));
+        }
+    }
+    let mut out = FxHashMap::default();
+    for (_, addr, b) in state.allocated_blocks() {
+        let alloc = b.alloc_event.and_then(|i| text(dev.attrs(&dev.events[i as usize]).user_metadata));
+        let annotation = annotations
+            .get(&addr)
+            .and_then(|v| v.iter().rev().find(|(i, _)| b.alloc_event.is_none_or(|a| *i > a)).map(|(_, s)| *s));
+        if alloc.is_some() || annotation.is_some() {
+            out.insert(addr, Labels { alloc, annotation });
+        }
+    }
+    out
 }
 
 /// Role a size group's blocks take, in the order the allocator's users create them.
 const ROLES: [&str; 3] = ["parameter", "gradient", "optimizer_state"];
 
 /// Attributes every allocated block of `state`.
-pub fn attribute(tl: &Timeline, dev: &DeviceTimeline, state: &State, cats: &mut CategoryCache) -> Attribution {
+/// Attributes every allocated block of `state`, the allocator's state once the first `seen` trace events happened.
+/// `end` gives the state at the end of the trace (with each block's allocating event), asked for only when this
+/// moment shows nothing of how many copies of each parameter the job keeps.
+pub fn attribute(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    state: &State,
+    seen: usize,
+    end: impl FnOnce() -> State,
+    cats: &mut CategoryCache,
+) -> Attribution {
     let mut trace = TraceEvidence::of(dev);
-    let (out, evidenced) = attribute_with(tl, dev, state, cats, &mut trace, None);
-    if evidenced.is_some() || dev.events.is_empty() {
-        return out;
-    }
-    // At this moment nothing live shows how many copies of each parameter the job keeps (in the forward, no
-    // gradient is live and the optimizer's state has no stack): the file's final state may.
-    let end = State::from_segments(&dev.segments);
-    match attribute_with(tl, dev, &end, cats, &mut trace, None).1 {
-        Some((_, parameter_bytes)) => attribute_with(tl, dev, state, cats, &mut trace, Some(parameter_bytes)).0,
-        None => out,
-    }
+    let labels = labels(tl, dev, state, seen);
+    let (out, evidenced) = attribute_with(tl, dev, state, &labels, cats, &mut trace, None);
+    let mut out = if evidenced.is_some() || seen >= dev.events.len() {
+        out
+    } else {
+        // At this moment nothing live shows how many copies of each parameter the job keeps (in the forward, no
+        // gradient is live and the optimizer's state has no stack): the end of the trace may.
+        let end = end();
+        let end_labels = self::labels(tl, dev, &end, dev.events.len());
+        match attribute_with(tl, dev, &end, &end_labels, cats, &mut trace, None).1 {
+            Some((_, p)) => attribute_with(tl, dev, state, &labels, cats, &mut trace, Some(p)).0,
+            None => out,
+        }
+    };
+    out.labels = labels;
+    out
 }
 
 /// What the whole trace says, whatever the moment: whether it records stacks, and what it allocates (and frees
@@ -148,6 +200,7 @@ fn attribute_with(
     tl: &Timeline,
     dev: &DeviceTimeline,
     state: &State,
+    labels: &FxHashMap<u64, Labels>,
     cats: &mut CategoryCache,
     trace: &mut TraceEvidence,
     parameters_elsewhere: Option<u64>,
@@ -160,11 +213,10 @@ fn attribute_with(
     let mut engine_checked: FxHashMap<StackId, bool> = FxHashMap::default();
     for (_, addr, b) in state.allocated_blocks() {
         let size = caller_size(b);
-        let label = b
-            .alloc_event
-            .map(|i| dev.attrs(&events[i as usize]).user_metadata)
-            .filter(|&s| s != NO_STR && !tl.strings.get(s).is_empty() && tl.strings.get(s) != "N/A");
-        if let Some(c) = label.and_then(|l| label_category(tl.strings.get(l))) {
+        let l = labels.get(&addr).copied().unwrap_or_default();
+        // What a block was annotated as since its allocation says more than the label it was allocated under.
+        let named = [l.annotation, l.alloc].into_iter().flatten().find_map(|s| label_category(tl.strings.get(s)));
+        if let Some(c) = named {
             out.blocks.insert(addr, Attributed { category: c, source: Some(Source::Label), reason: None });
             continue;
         }
@@ -275,14 +327,47 @@ fn size_evidence(dev: &DeviceTimeline, cats: &mut CategoryCache) -> FxHashMap<u6
     by_size
 }
 
-/// The category a label names, when it names one: `optimizer` (component tracking's name for `optimizer.step`).
-/// A module's name says where in the model, not what for: the stack or the inference decides that.
-fn label_category(label: &str) -> Option<&'static str> {
-    let l = label.to_ascii_lowercase();
-    if l.contains("optimizer") || l.contains("optim.") {
-        return Some("optimizer_state");
+/// The category a label names, when one of its words names one: `optimizer` (component tracking's name for
+/// `optimizer.step`), `saved_for_backward` (a tensor the autograd graph keeps), `gradient`, `kv_cache`. A module's
+/// name (`model.layers.17.mlp`) says where in the model, not what for: the stack or the inference decides that.
+pub fn label_category(label: &str) -> Option<&'static str> {
+    let lower = label.to_ascii_lowercase();
+    let words: Vec<&str> = lower.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
+    let has = |w: &[&str]| words.iter().any(|x| w.contains(x));
+    if has(&["optimizer", "optim"]) {
+        Some("optimizer_state")
+    } else if has(&["kv", "kvcache", "past"]) && has(&["cache", "kv", "kvcache"]) {
+        Some("kv_cache")
+    } else if has(&["grad", "grads", "gradient", "gradients"]) {
+        Some("gradient")
+    } else if has(&["saved", "activation", "activations"]) {
+        Some("activation")
+    } else if has(&["parameter", "parameters", "param", "params", "weight", "weights"]) {
+        Some("parameter")
+    } else {
+        None
     }
-    None
+}
+
+/// Where in the model and the step a label puts a block: the module's name, and `forward` or `backward` when the
+/// label or the block's origin says which.
+pub fn module_and_phase(label: &str, attributed: Attributed) -> (String, Option<&'static str>) {
+    let lower = label.to_ascii_lowercase();
+    let phase = if lower.contains("backward") && !lower.contains("saved_for_backward") {
+        Some("backward")
+    } else if lower.contains("forward")
+        || (attributed.category == "activation"
+            && !matches!(attributed.reason, Some(Reason::BackwardNotParameterSized)))
+    {
+        Some("forward")
+    } else if matches!(attributed.reason, Some(Reason::BackwardParameterSized | Reason::BackwardNotParameterSized))
+        || attributed.category == "gradient"
+    {
+        Some("backward")
+    } else {
+        None
+    };
+    (label.to_string(), phase)
 }
 
 /// The size the caller asked for, which is what repeats between a parameter and its copies (the block's own size
@@ -368,7 +453,9 @@ fn roles_before_recording(
     for (&size, addrs) in &by_size {
         let Some(k) = known.get(&size) else { continue };
         let params = k[0].max(k[1]);
-        if params == 0 {
+        // Only a gradient or an optimizer moment shows that copies exist: parameters alone (some loaded with a
+        // stack, the rest before recording) say nothing of how many copies each has.
+        if params == 0 || k[1] + k[2] == 0 {
             continue;
         }
         let total = addrs.len() as u64 + k[0] + k[1] + k[2];

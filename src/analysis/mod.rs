@@ -723,7 +723,9 @@ fn device_report(
     let time_us = idx.and_then(|i| events[i as usize].time_us());
     let free_by_pool = free_by_pool(&state);
     let oom = (moment == Moment::Oom).then_some(idx).flatten().map(|i| oom_report(tl, dev, i, &free_by_pool));
-    let attribution = attribution::attribute(tl, dev, &state, cats);
+    let seen = idx.map_or(0, |i| i as usize + 1);
+    let end = || replay.state_at(events.len().checked_sub(1).map(|i| i as u32));
+    let attribution = attribution::attribute(tl, dev, &state, seen, end, cats);
     let (top_allocations, (by_stack, live_stacks), live_count, no_stack) =
         live_allocations(tl, dev, &state, &attribution, time_us, opts.top);
     let trace = trace_report(dev, replay);

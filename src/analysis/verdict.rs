@@ -9,7 +9,7 @@
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use super::attribution::Attribution;
+use super::attribution::{module_and_phase, Attribution, Reason, Source};
 use super::{Analysis, DeviceReport, Finding, Moment, ReportSource, Severity};
 use crate::timeline::replay::State;
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
@@ -33,6 +33,16 @@ pub struct Holder {
     pub stack: String,
     /// Its share of allocated memory.
     pub share: f64,
+    /// How most of its bytes were known: `label`, `stack` or `inferred` (null for `unknown`).
+    pub source: Option<Source>,
+    /// Where no stack was recorded: what the inference went by.
+    #[serde(rename = "inferred_from", skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    /// The module a label names for most of its bytes, and the phase: `model.layers.17.mlp` in the `backward`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<&'static str>,
 }
 
 /// One cause, as the verdict ranks it.
@@ -93,6 +103,27 @@ pub fn holder(tl: &Timeline, r: &DeviceReport, state: &State, attribution: &Attr
         *e.1.entry(b.stack).or_default() += b.size;
     }
     let (category, (bytes, stacks)) = by_cat.into_iter().max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(a.0)))?;
+    // How its bytes were known, the inference that decided the most of them, and the module a label names.
+    let mut sources: FxHashMap<Option<Source>, u64> = FxHashMap::default();
+    let mut reasons: FxHashMap<Reason, u64> = FxHashMap::default();
+    let mut modules: FxHashMap<(String, Option<&'static str>), u64> = FxHashMap::default();
+    for (_, addr, b) in state.allocated_blocks() {
+        let a = attribution.of(addr);
+        if a.category != category {
+            continue;
+        }
+        *sources.entry(a.source).or_default() += b.size;
+        if let Some(r) = a.reason {
+            *reasons.entry(r).or_default() += b.size;
+        }
+        if let Some(l) = attribution.labels(addr).alloc {
+            *modules.entry(module_and_phase(tl.strings.get(l), a)).or_default() += b.size;
+        }
+    }
+    let source = most(sources).and_then(|(s, _)| s);
+    let reason = most(reasons).map(|(r, _)| r);
+    // A module is named when its label covers most of the category.
+    let (module, phase) = most(modules).filter(|(_, b)| b * 2 > bytes).map_or((None, None), |((m, p), _)| (Some(m), p));
     let mut stacks: Vec<(StackId, u64)> = stacks.into_iter().collect();
     stacks.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     // The lines that together hold most of the category (at most three).
@@ -111,7 +142,21 @@ pub fn holder(tl: &Timeline, r: &DeviceReport, state: &State, attribution: &Attr
         top.retain(|&s| s != EMPTY_STACK);
         super::stacks::sites(tl, &top, 3)
     };
-    Some(Holder { category, bytes, stack, share: bytes as f64 / r.allocated_bytes as f64 })
+    Some(Holder {
+        category,
+        bytes,
+        stack,
+        share: bytes as f64 / r.allocated_bytes as f64,
+        source,
+        reason: reason.filter(|_| source == Some(Source::Inferred)),
+        module,
+        phase,
+    })
+}
+
+/// The key holding the most bytes (the smallest key among equals, so the answer does not depend on hash order).
+fn most<K: Ord>(m: FxHashMap<K, u64>) -> Option<(K, u64)> {
+    m.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
 }
 
 /// Ranks each GPU's findings by the memory they explain, caps the severity of those that explain little, and
@@ -240,17 +285,26 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
         },
     };
     match &holder {
-        Some(h) if h.stack == NO_STACK => first.push_str(&format!(
+        Some(h) if h.stack == NO_STACK && h.source.is_none() => first.push_str(&format!(
             "; {} of what was allocated ({}) has no recorded stack.",
             crate::units::percent(h.bytes, d.allocated_bytes),
             bytes(h.bytes)
         )),
         Some(h) => first.push_str(&format!(
-            "; {} of what was allocated was {} ({}) from {}.",
+            "; {} of what was allocated was {}{} ({}){}.",
             crate::units::percent(h.bytes, d.allocated_bytes),
             category_words(h.category, &h.stack),
+            h.module.as_ref().map_or(String::new(), |m| format!(
+                " of `{m}`{}",
+                h.phase.map_or(String::new(), |p| format!(" in the {p}"))
+            )),
             bytes(h.bytes),
-            h.stack
+            match (h.stack == NO_STACK, h.reason) {
+                // No line to show: what the inference went by is the evidence.
+                (true, Some(r)) => format!(", inferred: {}", r.words()),
+                (true, None) => String::new(),
+                (false, _) => format!(" from {}", h.stack),
+            }
         )),
         None if d.source == ReportSource::Text && d.oom.is_some() => {
             first.push_str("; without a snapshot, what held it is not known.");

@@ -3,6 +3,7 @@
 //! snapshots and on copies degraded as torch would have written them (bench/attribution.py measures all of them).
 
 use crate::common;
+use oomdoc::analysis::attribution::label_category;
 use oomdoc::analysis::categories::Categorizer;
 use oomdoc::timeline::stacks::Frame;
 use oomdoc::timeline::Timeline;
@@ -99,6 +100,10 @@ fn blocks_from_before_recording_are_the_parameters_and_their_adam_moments() {
     assert!((get("optimizer_state") - 25.6).abs() < 0.3, "{cats:?}");
     assert!((get("gradient") - 12.8).abs() < 0.2, "{cats:?}");
     assert_eq!(get("unknown"), 0.0, "{cats:?}");
+    // The verdict names the holder and how it was known, not "no recorded stack".
+    let summary = d["verdict"]["summary"].as_str().unwrap();
+    assert!(summary.contains("optimizer state (25.6 GiB), inferred: allocated before recording"), "{summary}");
+    assert_eq!(d["verdict"]["holder"]["source"], "inferred");
     // Each inferred byte says how it was inferred, and the JSON says which source named it.
     let rows = d["by_stack"].as_array().unwrap();
     let inferred: Vec<&Value> = rows.iter().filter(|r| r["source"] == "inferred").collect();
@@ -133,4 +138,27 @@ fn a_state_only_dump_of_unrelated_sizes_stays_unknown() {
     let cats = by_category(&v["devices"][0]);
     assert_eq!(cats.len(), 1, "{cats:?}");
     assert_eq!(cats[0].0, "unknown");
+}
+
+#[test]
+fn labels_name_the_category_where_they_say_it_and_the_module_and_phase_in_the_verdict() {
+    assert_eq!(label_category("optimizer"), Some("optimizer_state"));
+    assert_eq!(label_category("saved_for_backward"), Some("activation"));
+    assert_eq!(label_category("model.layers.17.mlp"), None);
+    assert_eq!(label_category("model.embed_tokens"), None);
+    assert_eq!(label_category("past_key_values cache"), Some("kv_cache"));
+    // Component tracking's labels (the module during its forward and backward, "optimizer" during the step) and
+    // an annotate entry, generated in torch 2.14's key shape.
+    let v = json(&["analyze", "--format", "json", "fixtures/generated/shapes/v2.14-labels.pickle"]);
+    let d = &v["devices"][0];
+    let summary = d["verdict"]["summary"].as_str().unwrap();
+    assert!(summary.contains("activations of `model.layers.3.mlp` in the forward"), "{summary}");
+    assert_eq!(d["verdict"]["holder"]["module"], "model.layers.3.mlp");
+    assert_eq!(d["verdict"]["holder"]["phase"], "forward");
+    // The optimizer's state is known by its label, whatever its stack says.
+    let opt = d["by_category"].as_array().unwrap().iter().find(|c| c["category"] == "optimizer_state").unwrap();
+    assert_eq!(opt["source_bytes"]["label"], opt["bytes"], "{opt}");
+    // The activation annotated as saved for the backward is an activation by its label.
+    let act = d["by_category"].as_array().unwrap().iter().find(|c| c["category"] == "activation").unwrap();
+    assert!(act["source_bytes"]["label"].as_u64().unwrap() > 0, "{act}");
 }

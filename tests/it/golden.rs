@@ -41,5 +41,6 @@ golden! {
     generated_v2_8_expandable_map_unmap_oom => "fixtures/generated/shapes/v2.8-expandable-oom.pickle",
     generated_v2_8_wrapped_trace => "fixtures/generated/shapes/v2.8-wrapped-trace.pickle",
     generated_v2_15_two_devices_private_pool_protocol_5 => "fixtures/generated/shapes/v2.15-multidevice-pool.pickle",
+    generated_v2_14_component_labels => "fixtures/generated/shapes/v2.14-labels.pickle",
     generated_fragmentation_oom => "fixtures/generated/rules/fragmentation-fire.pickle",
 }
