@@ -8,7 +8,11 @@ from version numbers:
 - `torch._C._cuda_attach_out_of_memory_observer` gives the moment of the OOM, before the exception unwinds and
   frees what the failing step held; without it the context manager dumps when the OOM exception reaches it;
 - `torch._C._cuda_isHistoryEnabled` tells whether someone else already records (then their settings are kept and
-  recording is left on at the end).
+  recording is left on at the end);
+- `torch.cuda.memory._set_memory_metadata` (torch 2.10 and later) labels the events recorded after it on this
+  thread: "optimizer" during `optimizer.step` (torch.optim's global step hooks), and with labels="modules" the
+  module's name during its forward (torch.nn's global forward hooks), which oomdoc reads as what the memory is for
+  and where in the model it was allocated.
 """
 import os
 import pickle
@@ -147,6 +151,68 @@ def _attach_observer(torch):
         return True
 
 
+class _Labels:
+    """Labels what the allocator records with `_set_memory_metadata` while a recorder is active: "optimizer" during
+    optimizer.step, and (modules=True) the module's qualified name during its forward, innermost module first. The
+    metadata is per thread, as the hooks are; the label in force before a hook is put back after it."""
+
+    def __init__(self, torch, modules):
+        self.set = getattr(torch.cuda.memory, "_set_memory_metadata", None)
+        self.get = getattr(torch.cuda.memory, "_get_memory_metadata", None)
+        self.torch = torch
+        self.modules = modules
+        self.handles = []
+        self.names = {}
+        self.local = threading.local()
+
+    def _push(self, label):
+        stack = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        before = self.get() if self.get is not None else (stack[-1][1] if stack else "")
+        stack.append((before, label))
+        self.set(label)
+
+    def _pop(self):
+        stack = getattr(self.local, "stack", None)
+        if stack:
+            before, _ = stack.pop()
+            self.set(before)
+
+    def _name(self, module):
+        name = self.names.get(id(module))
+        if name is None:
+            # A module not seen yet is the root of a model called for the first time: name all of its modules.
+            for n, m in getattr(module, "named_modules", lambda: [])():
+                self.names.setdefault(id(m), n or type(m).__name__)
+            name = self.names.setdefault(id(module), type(module).__name__)
+        return name
+
+    def start(self):
+        """Installs the hooks this torch offers; says whether any was."""
+        if self.set is None:
+            return False
+        optim = getattr(getattr(self.torch, "optim", None), "optimizer", None)
+        pre = getattr(optim, "register_optimizer_step_pre_hook", None)
+        post = getattr(optim, "register_optimizer_step_post_hook", None)
+        if pre is not None and post is not None:
+            self.handles.append(pre(lambda opt, args, kwargs: self._push("optimizer")))
+            self.handles.append(post(lambda opt, args, kwargs: self._pop()))
+        if self.modules:
+            module = getattr(getattr(getattr(self.torch, "nn", None), "modules", None), "module", None)
+            fpre = getattr(module, "register_module_forward_pre_hook", None)
+            fpost = getattr(module, "register_module_forward_hook", None)
+            if fpre is not None and fpost is not None:
+                self.handles.append(fpre(lambda m, args: self._push(self._name(m))))
+                self.handles.append(fpost(lambda m, args, out: self._pop()))
+        return bool(self.handles)
+
+    def stop(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
 def parse_interval_ms(value):
     """'200ms', '0.5s', '2s' or a number of milliseconds -> milliseconds (at least 1)."""
     if isinstance(value, (int, float)):
@@ -240,7 +306,9 @@ def _color_on(stream):
 class Recorder:
     """Recording started by :func:`record`; a context manager, or call :meth:`stop`."""
 
-    def __init__(self, path, max_entries, stacks, context, verdict, smi):
+    def __init__(self, path, max_entries, stacks, context, verdict, smi, labels=True):
+        if labels not in (True, False, "modules"):
+            raise ValueError(f"labels: True, False or 'modules', not {labels!r}")
         if stacks not in ("python", "all"):
             raise ValueError(f"stacks: 'python' or 'all', not {stacks!r}")
         if context not in ("all", "alloc", "state", None):
@@ -268,6 +336,8 @@ class Recorder:
         self._api = None
         self._smi = None
         self._dumping = False
+        self.labels = labels
+        self._labels = None
 
     def _names(self, device=None):
         torch = self._torch
@@ -306,6 +376,10 @@ class Recorder:
                 "leaves the `with oomdoc.record():` block",
                 stacklevel=3,
             )
+        if self.labels:
+            labels = _Labels(torch, modules=self.labels == "modules")
+            if labels.start():
+                self._labels = labels
         with _lock:
             _active.append(self)
         self.active = True
@@ -323,6 +397,9 @@ class Recorder:
         with _lock:
             if self in _active:
                 _active.remove(self)
+        if self._labels is not None:
+            self._labels.stop()
+            self._labels = None
         if self._api is not None:
             _stop_history(self._torch, self._api)
             self._api = None
@@ -422,7 +499,8 @@ class Recorder:
             print(err, file=sys.stderr, flush=True)
 
 
-def record(path="oom-{rank}.pickle", max_entries=100_000, stacks="python", context="all", verdict=True, smi=None):
+def record(path="oom-{rank}.pickle", max_entries=100_000, stacks="python", context="all", verdict=True, smi=None,
+           labels=True):
     """Records the allocator's history and, at an out-of-memory error, dumps a snapshot and prints oomdoc's verdict.
 
     Use it as a plain call at the start of training, or as a context manager around the part that may fail::
@@ -441,8 +519,11 @@ def record(path="oom-{rank}.pickle", max_entries=100_000, stacks="python", conte
     verdict: print oomdoc's verdict to stderr after the dump (also off with OOMDOC_VERDICT=0).
     smi: sample nvidia-smi every this often ("200ms") beside the snapshot, one file per host, so the report can size
         memory held outside PyTorch.
+    labels: where torch can label what it records (`_set_memory_metadata`, torch 2.10 and later), label the
+        optimizer's step, so its state is named even without a stack; "modules" also labels each module's forward
+        with its name (a global forward hook on every module call: a little slower); False for neither.
 
     Without CUDA (or torch) it warns and records nothing. On exit (or `.stop()`) what it changed is restored:
     recording it started is stopped, a recording someone else started is left on, and it no longer dumps.
     """
-    return Recorder(path, max_entries, stacks, context, verdict, smi).start()
+    return Recorder(path, max_entries, stacks, context, verdict, smi, labels).start()

@@ -267,6 +267,47 @@ class Record(unittest.TestCase):
         self.assertEqual(self.names().count("_record_memory_history"), 2)
         self.assertFalse(torch._fake.history)
 
+    def test_the_optimizer_step_is_labelled_and_the_label_put_back(self):
+        fresh(metadata=True)
+        opt = torch.optim.Optimizer()
+        with environ(**NO_RANK), oomdoc.record(os.path.join(self.dir, "oom.pickle"), verdict=False):
+            torch.cuda.memory._set_memory_metadata("step 3")
+            opt.step()
+            torch._fake.allocate("after")
+        self.assertEqual(torch._fake.allocations, [("exp_avg", "optimizer"), ("after", "step 3")])
+        # Once recording stops the hooks are gone: the step is not labelled.
+        torch._fake.allocations.clear()
+        torch.cuda.memory._set_memory_metadata("")
+        opt.step()
+        self.assertEqual(torch._fake.allocations, [("exp_avg", "")])
+
+    def test_modules_are_labelled_with_their_names_when_asked(self):
+        fresh(metadata=True)
+        model = torch.nn.Module(layers=torch.nn.Module(**{"0": torch.nn.Module(mlp=torch.nn.Module())}))
+        with environ(**NO_RANK), oomdoc.record(os.path.join(self.dir, "oom.pickle"), verdict=False,
+                                               labels="modules"):
+            model()
+        self.assertEqual(
+            torch._fake.allocations,
+            [("activation", "Module"), ("activation", "layers"), ("activation", "layers.0"),
+             ("activation", "layers.0.mlp")],
+        )
+        self.assertEqual(torch._fake.metadata, "")
+        # By default only the optimizer's step is labelled: no hook on every module call.
+        fresh(metadata=True)
+        with environ(**NO_RANK), oomdoc.record(os.path.join(self.dir, "oom.pickle"), verdict=False):
+            model()
+        self.assertEqual({m for _, m in torch._fake.allocations}, {""})
+
+    def test_labels_off_and_a_torch_without_metadata(self):
+        for kwargs, labels in (({"metadata": True}, False), ({"metadata": False}, True)):
+            fresh(**kwargs)
+            with environ(**NO_RANK), oomdoc.record(os.path.join(self.dir, "oom.pickle"), verdict=False,
+                                                   labels=labels):
+                torch.optim.Optimizer().step()
+            self.assertEqual(torch._fake.allocations, [("exp_avg", "")])
+            self.assertNotIn("_set_memory_metadata", self.names())
+
     def test_other_exceptions_are_not_dumped(self):
         with environ(**NO_RANK), contextlib.redirect_stderr(io.StringIO()):
             with self.assertRaises(KeyError):

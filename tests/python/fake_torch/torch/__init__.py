@@ -20,6 +20,13 @@ DEFAULT_SNAPSHOT = os.path.join(_HERE, "..", "..", "..", "..", "fixtures", "real
                                 "snapshot.pickle")
 
 cuda = types.ModuleType("torch.cuda")
+optim = types.ModuleType("torch.optim")
+optim.optimizer = types.ModuleType("torch.optim.optimizer")
+nn = types.ModuleType("torch.nn")
+nn.modules = types.ModuleType("torch.nn.modules")
+nn.modules.module = types.ModuleType("torch.nn.modules.module")
+for _m in (optim, optim.optimizer, nn, nn.modules, nn.modules.module):
+    sys.modules[_m.__name__] = _m
 cuda.memory = types.ModuleType("torch.cuda.memory")
 distributed = types.ModuleType("torch.distributed")
 _C = types.SimpleNamespace()
@@ -37,8 +44,89 @@ def _snapshot_file():
     return os.environ.get("FAKE_TORCH_SNAPSHOT", DEFAULT_SNAPSHOT)
 
 
-def reset(api="modern", cuda_available=True, observer=True, history_on=False, dist_rank=None, fraction=None):
+class _Handle:
+    def __init__(self, registry, hook):
+        self.registry, self.hook = registry, hook
+
+    def remove(self):
+        if self.hook in self.registry:
+            self.registry.remove(self.hook)
+
+
+def _registrar(registry):
+    def register(hook):
+        registry.append(hook)
+        return _Handle(registry, hook)
+    return register
+
+
+class Optimizer:
+    """torch.optim.Optimizer's step as its global hooks see it: pre-hooks, the step (which allocates its state),
+    post-hooks."""
+
+    def step(self):
+        for h in list(_fake.step_pre):
+            h(self, (), {})
+        allocate("exp_avg")
+        for h in list(_fake.step_post):
+            h(self, (), {})
+
+
+class Module:
+    """torch.nn.Module as the global forward hooks see it: named children, hooks around forward."""
+
+    def __init__(self, **children):
+        self._children = children
+
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for name, child in self._children.items():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def forward(self):
+        allocate("activation")
+        for child in self._children.values():
+            child()
+
+    def __call__(self):
+        for h in list(_fake.forward_pre):
+            h(self, ())
+        out = self.forward()
+        for h in list(_fake.forward_post):
+            h(self, (), out)
+        return out
+
+
+def allocate(what):
+    """An allocation as the allocator records it: with the metadata in force on this thread."""
+    _fake.allocations.append((what, _fake.metadata))
+
+
+optim.Optimizer = Optimizer
+nn.Module = Module
+
+
+def reset(api="modern", cuda_available=True, observer=True, history_on=False, dist_rank=None, fraction=None,
+          metadata=False):
+    """metadata: a torch with _set_memory_metadata / _get_memory_metadata (2.10 and later)."""
     _fake.calls = []
+    _fake.allocations = []
+    _fake.metadata = ""
+    _fake.step_pre, _fake.step_post, _fake.forward_pre, _fake.forward_post = [], [], [], []
+    optim.optimizer.register_optimizer_step_pre_hook = _registrar(_fake.step_pre)
+    optim.optimizer.register_optimizer_step_post_hook = _registrar(_fake.step_post)
+    nn.modules.module.register_module_forward_pre_hook = _registrar(_fake.forward_pre)
+    nn.modules.module.register_module_forward_hook = _registrar(_fake.forward_post)
+    for name in ("_set_memory_metadata", "_get_memory_metadata"):
+        if hasattr(cuda.memory, name):
+            delattr(cuda.memory, name)
+    if metadata:
+        def _set_memory_metadata(s):
+            _fake.calls.append(("_set_memory_metadata", (s,), {}))
+            _fake.metadata = s
+
+        cuda.memory._set_memory_metadata = _set_memory_metadata
+        cuda.memory._get_memory_metadata = lambda: _fake.metadata
     _fake.observers = []
     _fake.history = history_on
     _fake.api = api
@@ -140,5 +228,6 @@ def trigger_oom(device=0, alloc=16 << 20):
 
 _fake.reset = reset
 _fake.trigger_oom = trigger_oom
+_fake.allocate = allocate
 reset(api=os.environ.get("FAKE_TORCH_API", "modern"),
       cuda_available=os.environ.get("FAKE_TORCH_CUDA", "1") == "1")
