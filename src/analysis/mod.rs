@@ -1058,8 +1058,8 @@ fn notes(
     }
     if in_trace.0 > 0 && live_count > 0 {
         notes.push(format!(
-            "{} of {} live allocations ({}) were recorded with no frame{}. Their categories are inferred from \
-             their place in the step and their sizes.",
+            "{} of {} live allocations ({}) were recorded with no frame{}. Those with a \
+             parameter's size are taken as its gradients, the rest as activations' gradients and temporaries.",
             in_trace.0,
             live_count,
             bytes(in_trace.1),

@@ -162,3 +162,15 @@ fn labels_name_the_category_where_they_say_it_and_the_module_and_phase_in_the_ve
     let act = d["by_category"].as_array().unwrap().iter().find(|c| c["category"] == "activation").unwrap();
     assert!(act["source_bytes"]["label"].as_u64().unwrap() > 0, "{act}");
 }
+
+#[test]
+fn the_backwards_frameless_allocations_under_stacks_python_are_gradients_by_size_and_the_advice_says_why() {
+    // A real H100 capture with stacks="python": the autograd thread records no frame.
+    let v = json(&["analyze", "--format", "json", "fixtures/real-gpu/leaked-references/snapshot.pickle"]);
+    let d = &v["devices"][0];
+    let grad = d["by_category"].as_array().unwrap().iter().find(|c| c["category"] == "gradient").unwrap();
+    assert_eq!(grad["source_bytes"]["inferred"], grad["bytes"], "{grad}");
+    let notes = d["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect::<Vec<_>>().join("\n");
+    assert!(notes.contains("with stacks=\"python\" the autograd thread's backward records none"), "{notes}");
+    assert!(!notes.contains("made before recording began"), "{notes}");
+}
