@@ -73,10 +73,16 @@ pub fn of(replay: &Replay, events: &[crate::timeline::Event]) -> Option<Chart> {
 }
 
 /// Splits each bucket's highest allocated bytes by category: one pass over the trace from the replay's state before
-/// it (blocks live since before the trace keep the category of the stack that allocated them), following each
-/// block's category from its allocation to its free. The allocator rounds, so the walk's bytes are scaled to the
-/// replay's exact total at that event.
-pub fn split_by_category(c: &mut Chart, replay: &Replay, cache: &mut crate::analysis::categories::CategoryCache) {
+/// it (blocks live since before the trace take the category the report's attribution gives them there: their
+/// stack's, or what their lifetime and size say where they have none), following each block's category from its
+/// allocation to its free. The allocator rounds, so the walk's bytes are scaled to the replay's exact total at that
+/// event.
+pub fn split_by_category(
+    c: &mut Chart,
+    tl: &crate::timeline::Timeline,
+    replay: &Replay,
+    cache: &mut crate::analysis::categories::CategoryCache,
+) {
     use crate::analysis::categories::CATEGORIES;
     use crate::timeline::Action;
     let series = &replay.allocated_series;
@@ -88,8 +94,10 @@ pub fn split_by_category(c: &mut Chart, replay: &Replay, cache: &mut crate::anal
     let mut live: rustc_hash::FxHashMap<u64, (u8, u64)> = rustc_hash::FxHashMap::default();
     let mut totals = vec![0u64; CATEGORIES.len()];
     let start = replay.state_at(None);
+    let end = || replay.state_at(events.len().checked_sub(1).map(|i| i as u32));
+    let before = crate::analysis::attribution::attribute(tl, replay.device(), &start, 0, end, cache);
     for (_, addr, b) in start.allocated_blocks() {
-        let k = index(cache.of(b.stack));
+        let k = index(before.of(addr).category);
         live.insert(addr, (k as u8, b.size));
         totals[k] += b.size;
     }

@@ -619,7 +619,7 @@ fn analyze_device<'t>(
     report.holder = verdict::holder(tl, &report, &state, &attribution);
     if opts.chart_categories {
         if let Some(c) = report.chart.as_mut() {
-            chart::split_by_category(c, &replay, &mut cache);
+            chart::split_by_category(c, tl, &replay, &mut cache);
         }
     }
     Ok((report, replay))

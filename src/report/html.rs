@@ -299,10 +299,11 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, rules: &[&str]) {
         for c in &d.by_category {
             let _ = writeln!(
                 o,
-                "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+                "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
                 esc(&c.category.replace('_', " ")),
                 bytes(c.bytes),
-                percent(c.bytes, d.allocated_bytes)
+                percent(c.bytes, d.allocated_bytes),
+                esc(&super::sections::known_by(c).unwrap_or_default())
             );
         }
         let _ = writeln!(o, "</table>");

@@ -153,13 +153,8 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
         return;
     }
     if !d.by_category.is_empty() {
-        let parts: Vec<String> = d
-            .by_category
-            .iter()
-            .map(|c| {
-                format!("{} {} ({})", c.category.replace('_', " "), bytes(c.bytes), percent(c.bytes, d.allocated_bytes))
-            })
-            .collect();
+        let parts: Vec<String> =
+            d.by_category.iter().map(|c| super::sections::category_part(c, d.allocated_bytes)).collect();
         let _ = writeln!(o, "Live memory by kind: {}.\n", parts.join(", "));
     }
     if let Some(c) = &d.budget {

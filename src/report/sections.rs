@@ -7,10 +7,32 @@ use crate::analysis::observed::ObservedMemory;
 use crate::analysis::profile::short_kernel_name;
 use crate::analysis::profile::{NcuRow, ProfileSummary};
 use crate::analysis::serving::ServingSummary;
-use crate::analysis::{DeviceReport, Moment, OomReport, OomSource, Pool, ReportSource};
+use crate::analysis::{CategoryBytes, DeviceReport, Moment, OomReport, OomSource, Pool, ReportSource};
 use crate::timeline::profile::CopyDirection;
 use crate::timeline::{InputInfo, OomMessage};
 use crate::units::{bytes, duration_us};
+
+/// How a category's bytes were known, when not all by their stacks: "inferred", "labelled", "60% inferred".
+pub fn known_by(c: &CategoryBytes) -> Option<String> {
+    let sb = &c.source_bytes;
+    let share = |b: u64| if b >= c.bytes { String::new() } else { format!("{} ", percent(b, c.bytes)) };
+    // A share under 1% is not worth a word beside the category.
+    let worth = |b: u64| b > 0 && b.saturating_mul(100) >= c.bytes;
+    let mut parts = Vec::new();
+    if worth(sb.inferred) {
+        parts.push(format!("{}inferred", share(sb.inferred)));
+    }
+    if worth(sb.label) {
+        parts.push(format!("{}labelled", share(sb.label)));
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+/// One category of `by kind`: `optimizer state 25.6 GiB (50%, inferred)`.
+pub fn category_part(c: &CategoryBytes, allocated: u64) -> String {
+    let how = known_by(c).map_or(String::new(), |h| format!(", {h}"));
+    format!("{} {} ({}{how})", c.category.replace('_', " "), bytes(c.bytes), percent(c.bytes, allocated))
+}
 
 /// One line naming an input and what was read from it.
 pub fn input_line(i: &InputInfo) -> String {

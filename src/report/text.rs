@@ -186,13 +186,8 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
     }
 
     if !d.by_category.is_empty() {
-        let parts: Vec<String> = d
-            .by_category
-            .iter()
-            .map(|c| {
-                format!("{} {} ({})", c.category.replace('_', " "), bytes(c.bytes), percent(c.bytes, d.allocated_bytes))
-            })
-            .collect();
+        let parts: Vec<String> =
+            d.by_category.iter().map(|c| super::sections::category_part(c, d.allocated_bytes)).collect();
         let _ = writeln!(o, "  by kind: {}", parts.join(", "));
     }
     if let Some(c) = &d.budget {

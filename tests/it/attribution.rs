@@ -104,6 +104,17 @@ fn blocks_from_before_recording_are_the_parameters_and_their_adam_moments() {
     let summary = d["verdict"]["summary"].as_str().unwrap();
     assert!(summary.contains("optimizer state (25.6 GiB), inferred: allocated before recording"), "{summary}");
     assert_eq!(d["verdict"]["holder"]["source"], "inferred");
+    // Every view says how the bytes were known: the text's `by kind` and the HTML page's table.
+    let path = "fixtures/attribution/cs336-aimetrics-2.7b-train-fp32-70gb.pickle";
+    let text = String::from_utf8(common::oomdoc(&["analyze", "--at", "end", path]).stdout).unwrap();
+    assert!(text.contains("optimizer state 25.6 GiB (50%, inferred)"), "{text}");
+    let html = std::env::temp_dir().join(format!("oomdoc-attribution-{}.html", std::process::id()));
+    common::oomdoc(&["analyze", "--at", "end", path, "-o", html.to_str().unwrap()]);
+    let page = std::fs::read_to_string(&html).unwrap();
+    let _ = std::fs::remove_file(&html);
+    assert!(page.contains(
+        "<td>optimizer state</td><td class=\"num\">25.6 GiB</td><td class=\"num\">50%</td><td>inferred</td>"
+    ));
     // Each inferred byte says how it was inferred, and the JSON says which source named it.
     let rows = d["by_stack"].as_array().unwrap();
     let inferred: Vec<&Value> = rows.iter().filter(|r| r["source"] == "inferred").collect();
