@@ -24,9 +24,15 @@ pub struct JobView {
 }
 
 impl JobView {
-    /// Ranks, not rows: a rank with several GPUs has a row per GPU.
+    /// Ranks, not rows: a rank with several GPUs has a row per GPU; an OOM message matched to no snapshot is a row,
+    /// not a rank.
     pub fn rank_count(&self) -> usize {
-        self.ranks.iter().map(|r| r.rank).collect::<std::collections::BTreeSet<_>>().len()
+        self.ranks.iter().filter(|r| !r.unmatched).map(|r| r.rank).collect::<std::collections::BTreeSet<_>>().len()
+    }
+
+    /// The rows of OOM messages no snapshot matched.
+    pub fn unmatched(&self) -> impl Iterator<Item = &RankRow> {
+        self.ranks.iter().filter(|r| r.unmatched)
     }
 }
 
@@ -44,6 +50,9 @@ pub struct RankRow {
     pub primary_rule: Option<String>,
     /// What held the most memory at the reported moment: `activation: model.py:41 in forward`.
     pub holder: Option<String>,
+    /// No snapshot of this GPU was given: the row is an OOM message's (its `input` is where the message is).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unmatched: bool,
     /// Index of this rank in the list the view was made from.
     #[serde(skip)]
     pub analysis: usize,
@@ -163,6 +172,13 @@ pub fn summary(a: &Analysis) -> ReportedRank {
                     .and_then(|v| v.holder.as_ref())
                     .map(|h| (h.category.to_string(), h.stack.clone(), h.bytes)),
                 by_category: d.by_category.iter().map(|c| (c.category.to_string(), c.bytes)).collect(),
+                unmatched: d.unmatched.then(|| {
+                    let m = d.oom.as_ref().and_then(|o| o.message.as_ref());
+                    (
+                        m.map_or(String::new(), |m| format!("{}:{}", m.source, m.line)),
+                        m.and_then(|m| m.rank).and_then(|r| u32::try_from(r).ok()),
+                    )
+                }),
             }
         })
         .collect();
@@ -216,8 +232,12 @@ pub fn of(ranks_in: &[ReportedRank]) -> Option<JobView> {
     for (i, a) in ranks_in.iter().enumerate() {
         let rank = if by_name { named[i].expect("checked") } else { i as u32 };
         for d in &a.devices {
+            let (input, rank) = match &d.unmatched {
+                Some((at, msg_rank)) => (at.clone(), msg_rank.unwrap_or(rank)),
+                None => (a.input.clone(), rank),
+            };
             ranks.push(RankRow {
-                input: a.input.clone(),
+                input,
                 rank,
                 device: d.device,
                 peak_allocated_bytes: d.peak_allocated_bytes,
@@ -226,10 +246,31 @@ pub fn of(ranks_in: &[ReportedRank]) -> Option<JobView> {
                 oom_time_us: d.oom_time_us,
                 primary_rule: d.primary_rule.clone(),
                 holder: d.holder.as_ref().map(|(c, s, _)| format!("{c}: {s}")),
+                unmatched: d.unmatched.is_some(),
                 analysis: i,
             });
         }
     }
+    // Every rank read the same log: its message is one row, and none where a snapshot of that GPU ran out.
+    // A message that names its rank is matched by that rank's snapshot of the GPU; one that names none, by any.
+    let ranked: std::collections::BTreeSet<&str> = ranks_in
+        .iter()
+        .flat_map(|a| &a.devices)
+        .filter_map(|d| d.unmatched.as_ref().filter(|(_, r)| r.is_some()).map(|(at, _)| at.as_str()))
+        .collect();
+    let matched: Vec<(u32, i64)> = ranks.iter().filter(|r| !r.unmatched && r.oom).map(|r| (r.rank, r.device)).collect();
+    let mut seen_messages = std::collections::BTreeSet::new();
+    let keep: Vec<bool> = ranks
+        .iter()
+        .map(|r| {
+            let by_rank = ranked.contains(r.input.as_str());
+            !r.unmatched
+                || (!matched.iter().any(|&(rank, dev)| dev == r.device && (!by_rank || rank == r.rank))
+                    && seen_messages.insert(r.input.clone()))
+        })
+        .collect();
+    let mut keep = keep.into_iter();
+    ranks.retain(|_| keep.next().unwrap_or(true));
     ranks.sort_by_key(|r| (r.rank, r.device));
 
     let first_oom = ranks
@@ -238,8 +279,10 @@ pub fn of(ranks_in: &[ReportedRank]) -> Option<JobView> {
         .min_by_key(|r| (r.oom_time_us.unwrap_or(i64::MAX), r.rank))
         .map(|r| RankRef { input: r.input.clone(), rank: r.rank, device: r.device });
 
-    let outliers = outliers(ranks_in, &ranks);
-    let findings = merged_findings(ranks_in, &ranks);
+    // A row of an OOM message alone has no allocator figures to compare.
+    let snapshot_rows: Vec<RankRow> = ranks.iter().filter(|r| !r.unmatched).cloned().collect();
+    let outliers = outliers(ranks_in, &snapshot_rows);
+    let findings = merged_findings(ranks_in, &snapshot_rows);
     Some(JobView { ranks, first_oom, outliers, findings })
 }
 

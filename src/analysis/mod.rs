@@ -318,6 +318,10 @@ pub struct DeviceReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observed: Option<observed::ObservedMemory>,
     pub source: ReportSource,
+    /// A GPU only an OOM message names, beside snapshots of other GPUs: its own entry, said as unmatched, so the
+    /// log's OOM is never dropped for want of a snapshot to join it to.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unmatched: bool,
     /// The answer first: what filled this GPU and why (set once the rules have run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verdict: Option<verdict::Verdict>,
@@ -518,6 +522,38 @@ pub fn analyze_keeping<'t>(
             }
             _ => devices.push(observed::text_only_report(tl, id)),
         }
+    }
+    if snapshot_gpus {
+        // An OOM message naming a GPU no snapshot here holds (another rank's log, a snapshot taken on another GPU)
+        // is its own text-only entry; in a job, the job view keeps it once, and not where a snapshot of it ran out.
+        let mut unmatched: Vec<i64> = tl
+            .ooms
+            .iter()
+            .filter_map(|o| o.device)
+            .filter(|&id| !devices.iter().any(|d| d.device == id) && opts.device.is_none_or(|d| d == id))
+            .collect();
+        unmatched.sort_unstable();
+        unmatched.dedup();
+        for id in unmatched {
+            devices.push(observed::text_only_report(tl, id));
+        }
+        let snapshot_ids: Vec<String> =
+            tl.devices.iter().filter(|d| d.has_allocator_data()).map(|d| d.device.to_string()).collect();
+        for d in devices.iter_mut().filter(|d| d.source == ReportSource::Text && d.oom.is_some()) {
+            d.unmatched = true;
+            d.notes.retain(|n| !n.starts_with("No snapshot for this GPU"));
+            d.notes.insert(
+                0,
+                format!(
+                    "No snapshot given is of GPU {} (the snapshot here is of GPU {}): the figures are the OOM \
+                     message's alone. Give that GPU's own snapshot (_dump_snapshot() in the process that ran out) to \
+                     see what held its memory.",
+                    d.device,
+                    snapshot_ids.join(", ")
+                ),
+            );
+        }
+        devices.sort_by_key(|d| d.device);
     }
     if let Some(d) = opts.device {
         if devices.is_empty() {
@@ -761,6 +797,7 @@ fn device_report(
         budget: None,
         observed: None,
         source: ReportSource::Snapshot,
+        unmatched: false,
         verdict: None,
         holder: None,
         notes,

@@ -203,6 +203,7 @@ pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
         budget: None,
         observed,
         source: ReportSource::Text,
+        unmatched: false,
         verdict: None,
         holder: None,
         notes,

@@ -306,6 +306,16 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
                 (false, _) => format!(" from {}", h.stack),
             }
         )),
+        None if d.unmatched => {
+            first.push_str(&format!(
+                "; {}no snapshot given is of GPU {}, so what held it is not known.",
+                d.oom
+                    .as_ref()
+                    .and_then(|o| o.message.as_ref())
+                    .map_or(String::new(), |m| format!("said by {}:{}, and ", m.source, m.line)),
+                d.device
+            ));
+        }
         None if d.source == ReportSource::Text && d.oom.is_some() => {
             first.push_str("; without a snapshot, what held it is not known.");
         }

@@ -72,6 +72,11 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode, Error> {
     let over = over_threshold(&ranks, args.max_peak, args.max_reserved);
     if !ranks.is_empty() || !job.reported.is_empty() {
         write_parts(args.output.as_ref(), report::render_job(format, ranks, &job.reported, color))?;
+        say_written(args.output.as_ref(), format);
+    } else if !failed {
+        // Every input failed is said above; an analysis that produced nothing is never a success.
+        eprintln!("oomdoc: error: nothing to report: no input gave a snapshot, a log or a report");
+        failed = true;
     }
     // Freeing millions of small records takes longer than the process exit that reclaims them anyway.
     std::mem::forget(job);
@@ -154,6 +159,7 @@ fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
     let (before, after) = (read(&args.before)?, read(&args.after)?);
     let d = oomdoc::analysis::diff::of(&before, &after);
     write_out(args.output.as_ref(), &report::diff::render(&d, args.format))?;
+    say_written(args.output.as_ref(), args.format);
     if let (Some(limit), Some(grew)) = (args.fail_on_growth, d.peak_growth_pct) {
         if grew > limit {
             eprintln!("oomdoc: the peak allocated memory grew {grew:.1}%, over --fail-on-growth {limit}%");
@@ -223,6 +229,14 @@ fn facts(args: FactsArgs) -> Result<ExitCode, Error> {
 
 pub fn write_out(path: Option<&PathBuf>, text: &str) -> Result<(), Error> {
     write_parts(path, [text])
+}
+
+/// A report written to a file says where it went (on stderr: stdout stays the report's, or nothing).
+pub fn say_written(path: Option<&PathBuf>, format: report::Format) {
+    if let Some(p) = path {
+        let size = std::fs::metadata(p).map_or(String::new(), |m| format!(", {}", oomdoc::units::bytes(m.len())));
+        eprintln!("oomdoc: wrote {} ({}{size})", p.display(), format.name());
+    }
 }
 
 /// Writes a report that comes in parts (a job's JSON: each rank's share as it was written), one after the other.

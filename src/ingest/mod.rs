@@ -48,9 +48,17 @@ pub enum ReadError {
          exports, plain, compressed or in archives"
     )]
     NothingInFolder(usize),
+    #[error(
+        "an archive with nothing oomdoc reads (members skipped: {0}): expected snapshot pickles, logs, nvidia-smi output or \
+         Nsight exports, plain or compressed (archives inside it are not opened: unpack them first)"
+    )]
+    NothingInArchive(usize),
     /// Not a format oomdoc reads: what was looked for and what was found.
     #[error("{0}")]
     Unrecognised(String),
+    /// Recognised, and deliberately not read (compressed twice, an archive in an archive): why, and what to do.
+    #[error("not read: {0}")]
+    NotRead(String),
     /// With `--strict`, a line a recognised block cannot use.
     #[error("line {line}: expected {expected}, found {found:?} (--strict)")]
     Strict { line: usize, expected: String, found: String },

@@ -72,6 +72,11 @@ pub fn parse(text: &str, name: &str) -> Result<Vec<ReportedRank>, ReadError> {
                     .and_then(Value::as_array)
                     .map(|cs| cs.iter().map(|c| (str_of(c, "category").unwrap_or_default(), u(c, "bytes"))).collect())
                     .unwrap_or_default(),
+                unmatched: d.get("unmatched").and_then(Value::as_bool).unwrap_or(false).then(|| {
+                    let m = &d["oom"]["message"];
+                    let at = format!("{}:{}", str_of(m, "source").unwrap_or_default(), u(m, "line"));
+                    (at, m.get("rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok()))
+                }),
             }
         })
         .collect();

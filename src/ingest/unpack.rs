@@ -183,18 +183,28 @@ fn is_tar(head: &[u8]) -> bool {
     head.get(257..262) == Some(b"ustar")
 }
 
-/// Reads one input the user gave: a folder, an archive, a compressed file or a plain one.
+/// Reads one input the user gave: a folder, an archive, a compressed file or a plain one. An input the user named
+/// is read or is an error: one that is recognised but not read (compressed twice) says so, never passes silently.
 pub(super) fn read_path(path: &Path, opts: &LoadOptions, job: &mut Collected) -> Result<(), Error> {
+    match read_any(path, opts, job)? {
+        Outcome::Read => Ok(()),
+        Outcome::Skipped(why) => {
+            Err(Error::Input { path: path.display().to_string(), source: ReadError::NotRead(why) })
+        }
+    }
+}
+
+fn read_any(path: &Path, opts: &LoadOptions, job: &mut Collected) -> Result<Outcome, Error> {
     if path.is_dir() {
-        return read_folder(path, opts, job);
+        return read_folder(path, opts, job).map(|_| Outcome::Read);
     }
     let input = Input::file(path)?;
     if let Some(kind) = opts.kind.filter(|_| Codec::of(&input.head).is_none() && !is_zip(&input.head)) {
-        return reader_for(kind, &input).read(input, opts, job);
+        return reader_for(kind, &input).read(input, opts, job).map(|_| Outcome::Read);
     }
     let budget = Budget::new(opts.limits);
     if is_zip(&input.head) {
-        return read_zip(path, opts, job, &budget);
+        return read_zip(path, opts, job, &budget).map(|_| Outcome::Read);
     }
     if let Some(codec) = Codec::of(&input.head) {
         let io_err = |source| Error::Io { path: input.name.clone(), source };
@@ -209,17 +219,18 @@ pub(super) fn read_path(path: &Path, opts: &LoadOptions, job: &mut Collected) ->
             let name = inner.name.clone();
             let format = format!("tar.{}", short_codec(codec));
             let Stream::Owned(src) = inner.into_stream() else { unreachable!("a decompressed file is owned") };
-            return read_tar(&name, &format, src, total, opts, job, &budget);
+            return read_tar(&name, &format, src, total, opts, job, &budget).map(|_| Outcome::Read);
         }
-        return read_one(inner, opts, job, &budget, 0, true).map(|_| ());
+        return read_one(inner, opts, job, &budget, 0, true);
     }
     if is_tar(&input.head) {
         let file = std::fs::File::open(path).map_err(|source| Error::Io { path: input.name.clone(), source })?;
         let total = file.metadata().map_or(0, |m| m.len());
         let counted = Counting { inner: file, read: budget.stored.clone() };
-        return read_tar(&input.name.clone(), "tar", Box::new(counted), total, opts, job, &budget);
+        return read_tar(&input.name.clone(), "tar", Box::new(counted), total, opts, job, &budget)
+            .map(|_| Outcome::Read);
     }
-    read_one(input, opts, job, &budget, 0, true).map(|_| ())
+    read_one(input, opts, job, &budget, 0, true)
 }
 
 fn short_codec(c: Codec) -> &'static str {
@@ -251,7 +262,11 @@ fn read_one(
 ) -> Result<Outcome, Error> {
     if let Some(codec) = Codec::of(&input.head) {
         if input.compression.is_some() || depth >= MAX_NESTING {
-            return Ok(Outcome::Skipped("compressed twice: unpack it first".into()));
+            let outer = input.compression.unwrap_or("an archive");
+            return Ok(Outcome::Skipped(format!(
+                "compressed twice ({} inside {outer}): decompress it once, then give oomdoc the result",
+                codec.name()
+            )));
         }
         let name = input.name.clone();
         let inner = match input.into_stream() {
@@ -344,6 +359,7 @@ fn read_tar(
     let (mut count, mut read, mut skipped) = (0usize, 0usize, Vec::new());
     let member_opts = LoadOptions { show_progress: false, ..opts.clone() };
     let mut member_failed = false;
+    let failed_before = job.failed.len();
     for entry in entries {
         let entry = match entry {
             Ok(entry) => entry,
@@ -384,6 +400,9 @@ fn read_tar(
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
+    if read == 0 && job.failed.len() == failed_before {
+        return Err(Error::Input { path: name.to_string(), source: ReadError::NothingInArchive(skipped.len()) });
+    }
     job.text.inputs.push(container_info(name, "archive", format, total, read, skipped));
     Ok(())
 }
@@ -422,6 +441,7 @@ fn read_zip(path: &Path, opts: &LoadOptions, job: &mut Collected, budget: &Budge
     let progress = super::progress_bar(opts.show_progress, total, &name);
     let member_opts = LoadOptions { show_progress: false, ..opts.clone() };
     let (mut read, mut skipped) = (0usize, Vec::new());
+    let failed_before = job.failed.len();
     for i in 0..archive.len() {
         let mut f = archive.by_index(i).map_err(zip_err)?;
         if !f.is_file() {
@@ -443,6 +463,9 @@ fn read_zip(path: &Path, opts: &LoadOptions, job: &mut Collected, budget: &Budge
     }
     if let Some(bar) = progress {
         bar.finish_and_clear();
+    }
+    if read == 0 && job.failed.len() == failed_before {
+        return Err(Error::Input { path: name, source: ReadError::NothingInArchive(skipped.len()) });
     }
     job.text.inputs.push(container_info(&name, "archive", "zip", total, read, skipped));
     Ok(())
@@ -480,7 +503,7 @@ fn read_folder(dir: &Path, opts: &LoadOptions, job: &mut Collected) -> Result<()
             || (is_tar(&input.head) && Codec::of(&input.head).is_none())
             || Codec::of(&input.head).is_some()
         {
-            read_path(f, opts, job).map(|_| Outcome::Read)
+            read_any(f, opts, job)
         } else {
             read_one(input, opts, job, &budget, 0, false)
         };

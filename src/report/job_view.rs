@@ -70,7 +70,11 @@ fn shown_in_full(view: &JobView, analysed: usize) -> String {
         } else {
             "the highest peak"
         };
-        let item = format!("rank {} ({reason})", r.rank);
+        let item = if r.unmatched {
+            format!("GPU {}'s OOM message ({}, no snapshot of it)", r.device, short(&r.input))
+        } else {
+            format!("rank {} ({reason})", r.rank)
+        };
         if !why.contains(&item) {
             why.push(item);
         }
@@ -87,6 +91,23 @@ fn shown_in_full(view: &JobView, analysed: usize) -> String {
     s
 }
 
+/// A path's last component (a member's name inside its archive included).
+fn short(path: &str) -> &str {
+    path.rsplit(['/', '!']).next().unwrap_or(path)
+}
+
+/// "rank 3, GPU 3 (train.log:4)", said as a log's message where no snapshot of that GPU was given.
+fn first_oom_words(view: &JobView, f: &crate::analysis::job_view::RankRef, code: impl Fn(&str) -> String) -> String {
+    let log_only = view.unmatched().any(|r| r.rank == f.rank && r.device == f.device && r.input == f.input);
+    format!(
+        "rank {}, GPU {} ({}{})",
+        f.rank,
+        f.device,
+        code(&f.input),
+        if log_only { ": an OOM message, no snapshot of that GPU given" } else { "" }
+    )
+}
+
 fn merged_line(m: &crate::analysis::job_view::MergedFinding) -> String {
     let mut s = format!("{} on {} of {} ranks ({})", m.rule, m.ranks.len(), m.of, ranks_list(&m.ranks));
     if let Some(line) = &m.same_line {
@@ -100,10 +121,15 @@ fn merged_line(m: &crate::analysis::job_view::MergedFinding) -> String {
 
 pub fn text(view: &JobView, analysed: usize, bold: impl Fn(&str) -> String) -> String {
     let mut o = String::new();
-    let snapshots: BTreeSet<&str> = view.ranks.iter().map(|r| r.input.as_str()).collect();
+    let snapshots: BTreeSet<&str> = view.ranks.iter().filter(|r| !r.unmatched).map(|r| r.input.as_str()).collect();
     let rank_count = view.rank_count();
-    let reports =
-        view.ranks.iter().filter(|r| r.analysis >= analysed).map(|r| r.analysis).collect::<BTreeSet<_>>().len();
+    let reports = view
+        .ranks
+        .iter()
+        .filter(|r| r.analysis >= analysed && !r.unmatched)
+        .map(|r| r.analysis)
+        .collect::<BTreeSet<_>>()
+        .len();
     let from = match (snapshots.len() - reports, reports) {
         (n, 0) => format!("{n} snapshots"),
         (0, r) => format!("{r} JSON reports"),
@@ -115,10 +141,8 @@ pub fn text(view: &JobView, analysed: usize, bold: impl Fn(&str) -> String) -> S
             let n = view.ranks.iter().filter(|r| r.oom).count();
             let _ = writeln!(
                 o,
-                "  first OOM: rank {}, GPU {} ({}){}",
-                f.rank,
-                f.device,
-                f.input,
+                "  first OOM: {}{}",
+                first_oom_words(view, f, str::to_string),
                 if n > 1 { format!("; {n} ranks ran out of memory") } else { String::new() }
             );
         }
@@ -184,7 +208,7 @@ pub fn markdown(view: &JobView, analysed: usize, esc: impl Fn(&str) -> String) -
     let _ = writeln!(o, "## Job: {rank_count} ranks\n");
     match &view.first_oom {
         Some(f) => {
-            let _ = writeln!(o, "**First OOM**: rank {}, GPU {} (`{}`)\n", f.rank, f.device, f.input);
+            let _ = writeln!(o, "**First OOM**: {}\n", first_oom_words(view, f, |p| format!("`{p}`")));
         }
         None => {
             let _ = writeln!(o, "No rank ran out of memory.\n");
@@ -226,10 +250,8 @@ pub fn html(view: &JobView, analysed: usize) -> String {
         Some(f) => {
             let _ = writeln!(
                 o,
-                "<p class=\"summary\"><strong>First OOM</strong>: rank {}, GPU {} (<code>{}</code>)</p>",
-                f.rank,
-                f.device,
-                esc(&f.input)
+                "<p class=\"summary\"><strong>First OOM</strong>: {}</p>",
+                first_oom_words(view, f, |p| format!("<code>{}</code>", esc(p)))
             );
         }
         None => {

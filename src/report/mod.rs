@@ -41,6 +41,16 @@ impl Format {
             _ => None,
         }
     }
+
+    /// How the format is named to a person ("an HTML page").
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Text => "text",
+            Format::Markdown => "Markdown",
+            Format::Json => "JSON",
+            Format::Html => "HTML page",
+        }
+    }
 }
 
 /// Renders `analysis` in `format`. `color` only affects text.

@@ -44,7 +44,7 @@ pub fn input_line(i: &InputInfo) -> String {
         s.push_str(&format!("; read: {}", i.read.join("; ")));
     }
     if !i.skipped.is_empty() {
-        s.push_str(&format!("; skipped (not recognised): {}", i.skipped.join(", ")));
+        s.push_str(&format!("; skipped: {}", i.skipped.join(", ")));
     }
     if i.malformed_lines > 0 {
         let first: Vec<String> =

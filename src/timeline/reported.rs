@@ -25,6 +25,9 @@ pub struct ReportedDevice {
     pub holder: Option<(String, String, u64)>,
     /// Bytes by category at the moment.
     pub by_category: Vec<(String, u64)>,
+    /// Only an OOM message names this GPU (no snapshot of it): where the message is (`train.log:4`) and the rank
+    /// its launcher prefix names.
+    pub unmatched: Option<(String, Option<u32>)>,
 }
 
 #[derive(Clone, Debug, Default)]

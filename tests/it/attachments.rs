@@ -312,3 +312,191 @@ fn an_empty_folder_and_a_corrupt_archive_are_clear_errors() {
     assert!(err.contains("cut.zip") && err.contains("zip"), "{err}");
     let _ = scratch.path();
 }
+
+/// One kind of input, as bytes under a name.
+struct Kind {
+    name: &'static str,
+    bytes: Vec<u8>,
+    /// Read when the user names it (else: what the error line says).
+    alone: Result<(), &'static str>,
+    /// Read as a file of a folder (else: what the folder's skipped line says, or the error line when it is one).
+    in_folder: Result<(), &'static str>,
+    /// Read as a member of a tar archive (else: what the archive's skipped line says).
+    in_archive: Result<(), &'static str>,
+}
+
+fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, bytes) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, *bytes).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn every_kind() -> Vec<Kind> {
+    let snap = common::read("fixtures/real/mlsys-linear-t24.pickle");
+    let tar = tar_of(&[("inner/rank0.pickle", &snap)]);
+    let mut zipped = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    zipped.start_file("rank0.pickle", zip::write::SimpleFileOptions::default()).unwrap();
+    zipped.write_all(&snap).unwrap();
+    let zipped = zipped.finish().unwrap().into_inner();
+    let twice = "compressed twice";
+    let nested = "an archive inside an archive";
+    let unknown = "not an artifact oomdoc reads";
+    vec![
+        Kind { name: "plain.pickle", bytes: snap.clone(), alone: Ok(()), in_folder: Ok(()), in_archive: Ok(()) },
+        Kind { name: "s.pickle.gz", bytes: gzip(&snap), alone: Ok(()), in_folder: Ok(()), in_archive: Ok(()) },
+        Kind { name: "s.pickle.zst", bytes: zstd(&snap), alone: Ok(()), in_folder: Ok(()), in_archive: Ok(()) },
+        Kind { name: "s.pickle.xz", bytes: xz(&snap), alone: Ok(()), in_folder: Ok(()), in_archive: Ok(()) },
+        Kind { name: "s.pickle.bz2", bytes: bzip2(&snap), alone: Ok(()), in_folder: Ok(()), in_archive: Ok(()) },
+        Kind { name: "job.tar", bytes: tar.clone(), alone: Ok(()), in_folder: Ok(()), in_archive: Err(nested) },
+        Kind { name: "job.tar.gz", bytes: gzip(&tar), alone: Ok(()), in_folder: Ok(()), in_archive: Err(nested) },
+        Kind { name: "job.zip", bytes: zipped, alone: Ok(()), in_folder: Ok(()), in_archive: Err(nested) },
+        Kind {
+            name: "s.pickle.gz.gz",
+            bytes: gzip(&gzip(&snap)),
+            alone: Err("not read: compressed twice (gzip inside gzip)"),
+            in_folder: Err(twice),
+            in_archive: Err(twice),
+        },
+        Kind {
+            name: "s.pickle.gz.zst",
+            bytes: zstd(&gzip(&snap)),
+            alone: Err("not read: compressed twice (gzip inside zstd)"),
+            in_folder: Err(twice),
+            in_archive: Err(twice),
+        },
+        Kind {
+            name: "outer.tar",
+            bytes: tar_of(&[("inner.tar", &tar)]),
+            alone: Err("an archive with nothing oomdoc reads"),
+            in_folder: Err("an archive with nothing oomdoc reads"),
+            in_archive: Err(nested),
+        },
+        Kind {
+            name: "empty.pickle",
+            bytes: Vec::new(),
+            alone: Err("Found an empty file"),
+            in_folder: Err(unknown),
+            in_archive: Err(unknown),
+        },
+        Kind {
+            name: "notes.txt",
+            bytes: b"run 17 died at step 1200\n".to_vec(),
+            alone: Err("not a recognised artifact"),
+            in_folder: Err(unknown),
+            in_archive: Err(unknown),
+        },
+    ]
+}
+
+/// Every input named on the command line is read or said not to be, with why; an analysis that read nothing
+/// exits 2; a folder or archive says what it skipped. Each kind alone, beside a good snapshot, in a folder beside it
+/// and in an archive beside it.
+#[test]
+fn every_input_kind_is_read_or_said_not_to_be() {
+    let scratch = Scratch::new("outcomes");
+    let good = "fixtures/real/cs336-rr-infer-t22.pickle";
+    for k in every_kind() {
+        let path = scratch.file(&format!("alone/{}", k.name), &k.bytes);
+        let name = k.name;
+
+        let o = oomdoc(&["analyze", &path]);
+        let (out, err) = (stdout(&o), stderr(&o));
+        match k.alone {
+            Ok(()) => {
+                assert_eq!(o.status.code(), Some(0), "{name} alone: {err}");
+                assert!(out.contains("Verdict"), "{name} alone: no report");
+            }
+            Err(why) => {
+                assert_eq!(o.status.code(), Some(2), "{name} alone exits 2");
+                assert!(out.is_empty(), "{name} alone printed a report");
+                assert!(err.contains(name) && err.contains(why), "{name} alone: {err}");
+            }
+        }
+
+        let o = oomdoc(&["analyze", &path, good]);
+        let (out, err) = (stdout(&o), stderr(&o));
+        assert!(out.contains("cs336-rr-infer-t22.pickle") && out.contains("Verdict"), "{name} beside: {out}");
+        match k.alone {
+            Ok(()) => assert_eq!(o.status.code(), Some(0), "{name} beside a snapshot: {err}"),
+            Err(why) => {
+                assert_eq!(o.status.code(), Some(2), "{name} beside a snapshot exits 2");
+                assert!(err.contains(name) && err.contains(why), "{name} beside a snapshot: {err}");
+            }
+        }
+
+        let folder = scratch.0.join(format!("folder-{name}"));
+        scratch.file(&format!("folder-{name}/{name}"), &k.bytes);
+        scratch.file(&format!("folder-{name}/good.pickle"), &common::read(good));
+        let v = analyze_any(&[folder.to_str().unwrap()]);
+        let container = container_of(&v.json, "folder");
+        match k.in_folder {
+            Ok(()) => {
+                assert_eq!(v.code, 0, "{name} in a folder: {}", v.err);
+                assert_eq!(container["read"][0], "2 files read", "{name} in a folder");
+            }
+            Err(why) if why.starts_with("an archive with") => {
+                assert_eq!(v.code, 2, "{name} in a folder: a file that fails is an error");
+                assert!(v.err.contains(name) && v.err.contains(why), "{name} in a folder: {}", v.err);
+            }
+            Err(why) => {
+                assert_eq!(v.code, 0, "{name} in a folder: skipped with a word: {}", v.err);
+                assert_eq!(container["read"][0], "1 file read", "{name} in a folder");
+                let skipped = container["skipped"].to_string();
+                assert!(skipped.contains(name) && skipped.contains(why), "{name} in a folder: {skipped}");
+            }
+        }
+
+        let archive = scratch
+            .file(&format!("archive-{name}.tar"), &tar_of(&[(name, &k.bytes), ("good.pickle", &common::read(good))]));
+        let v = analyze_any(&[&archive]);
+        let container = container_of(&v.json, "archive");
+        assert_eq!(v.code, 0, "{name} in an archive: {}", v.err);
+        match k.in_archive {
+            Ok(()) => assert_eq!(container["read"][0], "2 members read", "{name} in an archive"),
+            Err(why) => {
+                assert_eq!(container["read"][0], "1 member read", "{name} in an archive");
+                let skipped = container["skipped"].to_string();
+                assert!(skipped.contains(name) && skipped.contains(why), "{name} in an archive: {skipped}");
+            }
+        }
+    }
+}
+
+/// `oomdoc analyze ARGS --format json`, whatever its exit status.
+struct Outcome {
+    code: i32,
+    json: serde_json::Value,
+    err: String,
+}
+
+fn analyze_any(args: &[&str]) -> Outcome {
+    let mut all = vec!["analyze", "--format", "json"];
+    all.extend_from_slice(args);
+    let o = oomdoc(&all);
+    let json = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+    Outcome { code: o.status.code().unwrap_or(-1), json, err: stderr(&o) }
+}
+
+/// The input line of the job's folder or archive (`Null` when the report has none).
+fn container_of(v: &serde_json::Value, kind: &str) -> serde_json::Value {
+    let inputs = v["inputs"].as_array().cloned().unwrap_or_default();
+    inputs.into_iter().find(|i| i["kind"] == kind).unwrap_or(serde_json::Value::Null)
+}
+
+#[test]
+fn a_report_written_to_a_file_says_where() {
+    let scratch = Scratch::new("written");
+    let out = scratch.0.join("report.html");
+    let o = oomdoc(&["analyze", "fixtures/real/mlsys-linear-t24.pickle", "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(o.stdout.is_empty());
+    let err = stderr(&o);
+    assert!(err.contains("wrote") && err.contains("report.html") && err.contains("HTML"), "{err}");
+    assert!(std::fs::metadata(&out).unwrap().len() > 1000);
+}

@@ -34,4 +34,5 @@ mod scenarios;
 mod split_read;
 mod text_artifacts;
 mod tui_screens;
+mod unmatched_oom;
 mod verdict;
