@@ -124,6 +124,24 @@ impl Collected {
         self.seq += 1;
         self.snapshots.push(tl);
     }
+    /// Puts the snapshots read since `from_seq` (one archive's members) in the order of their names, as a folder of
+    /// the same files lists them: the ranks a job is given then do not depend on the order an archive stored them.
+    pub(crate) fn order_by_name_since(&mut self, from_seq: usize) {
+        let mut read: Vec<(String, usize)> = self
+            .snapshots
+            .iter()
+            .zip(&self.snapshot_seq)
+            .enumerate()
+            .filter(|(_, (_, &seq))| seq >= from_seq)
+            .map(|(i, (tl, _))| (tl.inputs.first().map_or_else(String::new, |i| i.path.clone()), i))
+            .collect();
+        let mut seqs: Vec<usize> = read.iter().map(|&(_, i)| self.snapshot_seq[i]).collect();
+        seqs.sort_unstable();
+        read.sort();
+        for ((_, i), seq) in read.into_iter().zip(seqs) {
+            self.snapshot_seq[i] = seq;
+        }
+    }
     pub(crate) fn defer_snapshot(&mut self, path: &Path) {
         self.deferred.push((self.seq, path.to_path_buf()));
         self.seq += 1;

@@ -360,6 +360,7 @@ fn read_tar(
     let member_opts = LoadOptions { show_progress: false, ..opts.clone() };
     let mut member_failed = false;
     let failed_before = job.failed.len();
+    let first_seq = job.seq;
     for entry in entries {
         let entry = match entry {
             Ok(entry) => entry,
@@ -403,6 +404,7 @@ fn read_tar(
     if read == 0 && job.failed.len() == failed_before {
         return Err(Error::Input { path: name.to_string(), source: ReadError::NothingInArchive(skipped.len()) });
     }
+    job.order_by_name_since(first_seq);
     job.text.inputs.push(container_info(name, "archive", format, total, read, skipped));
     Ok(())
 }
@@ -442,6 +444,7 @@ fn read_zip(path: &Path, opts: &LoadOptions, job: &mut Collected, budget: &Budge
     let member_opts = LoadOptions { show_progress: false, ..opts.clone() };
     let (mut read, mut skipped) = (0usize, Vec::new());
     let failed_before = job.failed.len();
+    let first_seq = job.seq;
     for i in 0..archive.len() {
         let mut f = archive.by_index(i).map_err(zip_err)?;
         if !f.is_file() {
@@ -467,6 +470,7 @@ fn read_zip(path: &Path, opts: &LoadOptions, job: &mut Collected, budget: &Budge
     if read == 0 && job.failed.len() == failed_before {
         return Err(Error::Input { path: name, source: ReadError::NothingInArchive(skipped.len()) });
     }
+    job.order_by_name_since(first_seq);
     job.text.inputs.push(container_info(&name, "archive", "zip", total, read, skipped));
     Ok(())
 }

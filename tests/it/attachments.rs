@@ -500,3 +500,33 @@ fn a_report_written_to_a_file_says_where() {
     assert!(err.contains("wrote") && err.contains("report.html") && err.contains("HTML"), "{err}");
     assert!(std::fs::metadata(&out).unwrap().len() > 1000);
 }
+
+/// The same files give the same ranks whatever holds them: a folder lists them by name, and an archive's members
+/// are put in the same order, whatever order the archive stored them in.
+#[test]
+fn ranks_are_the_same_from_a_folder_and_from_an_archive_stored_in_another_order() {
+    let scratch = Scratch::new("rank-order");
+    // Names that carry no rank: the order decides.
+    let a = common::read("fixtures/real/cs336-kk-fullstep-57gb.pickle");
+    let b = common::read("fixtures/real/mlsys-linear-t24.pickle");
+    scratch.file("job/alpha.pickle", &a);
+    scratch.file("job/beta.pickle", &b);
+    let reversed = scratch.file("job.tar", &tar_of(&[("job/beta.pickle", &b), ("job/alpha.pickle", &a)]));
+    let zipped =
+        scratch.file("job.zip", &zip_of(scratch.0.join("job").to_str().unwrap(), zip::CompressionMethod::Stored));
+    let rows = |path: &str| -> Vec<(u64, String)> {
+        let v = json_of(&[path]);
+        v["job"]["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (r["rank"].as_u64().unwrap(), r["input"].as_str().unwrap().rsplit('/').next().unwrap().to_string())
+            })
+            .collect()
+    };
+    let from_folder = rows(scratch.0.join("job").to_str().unwrap());
+    assert_eq!(from_folder, [(0, "alpha.pickle".to_string()), (1, "beta.pickle".to_string())]);
+    assert_eq!(rows(&reversed), from_folder, "a tar stored in another order");
+    assert_eq!(rows(&zipped), from_folder, "a zip");
+}
