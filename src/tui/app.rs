@@ -111,8 +111,10 @@ pub struct App<'t> {
     pub filter: String,
     pub filtering: bool,
     pub help: bool,
-    /// The stack of the selected row is open in the detail pane.
+    /// The stack of the selected row is open in full (library frames unfolded) in the detail pane; ↑↓ scroll it.
     pub detail: bool,
+    /// Lines the open stack is scrolled by.
+    pub stack_scroll: u16,
     pub quit: bool,
     /// The job's ranks (empty labels: one snapshot).
     pub ranks: Ranks,
@@ -164,6 +166,7 @@ impl<'t> App<'t> {
             filtering: false,
             help: false,
             detail: false,
+            stack_scroll: 0,
             quit: false,
             ranks: Ranks::default(),
             rows: Vec::new(),
@@ -313,6 +316,7 @@ impl<'t> App<'t> {
                     self.help = false;
                 } else if self.detail {
                     self.detail = false;
+                    self.stack_scroll = 0;
                 } else {
                     self.quit = true;
                 }
@@ -340,6 +344,9 @@ impl<'t> App<'t> {
                 self.selected = 0;
                 self.detail = false;
             }
+            Action::Select(k) if self.detail && self.panel == Panel::Live => {
+                self.stack_scroll = (i64::from(self.stack_scroll) + k).clamp(0, i64::from(u16::MAX)) as u16;
+            }
             Action::Select(k) => {
                 let len = self.rows_len() as i64;
                 if len > 0 {
@@ -347,7 +354,11 @@ impl<'t> App<'t> {
                 }
             }
             Action::Open => match self.panel {
-                Panel::Live => self.detail = !self.rows.is_empty(),
+                // Enter unfolds the stack (every frame, scrollable) and folds it again.
+                Panel::Live => {
+                    self.detail = !self.detail && !self.rows.is_empty();
+                    self.stack_scroll = 0;
+                }
                 Panel::Segments | Panel::Profile => {}
                 Panel::Findings => {
                     if let Some(f) = self.findings.get(self.selected) {

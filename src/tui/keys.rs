@@ -23,11 +23,25 @@ macro_rules! bind {
     };
 }
 
-/// The status bar's one line of keys, from the table.
-pub fn status_line(table: &[Binding]) -> String {
+/// The status bar's one line of keys, from the table, cut to `width` columns: the entries in their order while they
+/// fit, and always the last two (help and quit), so the way to every other key is on screen.
+pub fn status_line(table: &[Binding], width: usize) -> String {
     let mut shown: Vec<&(u8, &str)> = table.iter().map(|b| &b.status).filter(|s| s.0 > 0).collect();
     shown.sort_by_key(|s| s.0);
-    shown.iter().map(|s| s.1).collect::<Vec<_>>().join("  ")
+    let tail = shown.split_off(shown.len().saturating_sub(2));
+    let tail_width: usize = tail.iter().map(|s| s.1.chars().count() + 2).sum();
+    let mut line: Vec<&str> = Vec::new();
+    let mut used = tail_width;
+    for s in shown {
+        let w = s.1.chars().count() + 2;
+        if used + w > width {
+            break;
+        }
+        used += w;
+        line.push(s.1);
+    }
+    line.extend(tail.iter().map(|s| s.1));
+    line.join("  ")
 }
 
 pub fn bindings() -> Vec<Binding> {
@@ -82,7 +96,7 @@ pub fn bindings() -> Vec<Binding> {
         bind!("", "", |k| k.code == KeyCode::Down || k.code == KeyCode::Char('j'), Action::Select(1)),
         bind!(
             "Enter",
-            "open the selected row (a stack, or where a finding points)",
+            "every frame of the stack (↑↓ scroll it, Enter folds), or where a finding points",
             |k| k.code == KeyCode::Enter,
             Action::Open,
             (7, "Enter open")
@@ -152,8 +166,11 @@ mod tests {
     #[test]
     fn every_status_bar_key_is_a_binding_of_the_table() {
         let table = bindings();
-        let line = status_line(&table);
+        let line = status_line(&table, 200);
         assert!(line.starts_with("←→ step  PgUp/PgDn page  o OOM"), "{line}");
+        // At 80 columns the line fits and still ends with the way to help and out.
+        let narrow = status_line(&table, 80);
+        assert!(narrow.chars().count() <= 80 && narrow.ends_with("? help  q quit"), "{narrow}");
         // Each status entry names the first key of its binding's help keys (arrows written together).
         for b in table.iter().filter(|b| b.status.0 > 0) {
             let first = b.keys.split_whitespace().next().unwrap_or("");

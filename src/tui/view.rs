@@ -12,6 +12,7 @@ use ratatui::Frame;
 
 use super::app::{App, Panel, Sort};
 use super::keys;
+use crate::analysis::stacks::folded;
 use crate::analysis::{stack_frames, Severity};
 use crate::timeline::{Action as Ev, BlockState};
 use crate::units::{bytes, duration_us};
@@ -252,7 +253,12 @@ fn stream_name(s: u64) -> String {
 }
 
 fn draw_detail(f: &mut Frame, app: &App, area: Rect) {
-    let block = Block::default().borders(Borders::ALL).title(" stack (innermost first) · Enter: open ");
+    let title = if app.detail {
+        " stack, every frame · ↑↓ scroll · Enter fold · Esc close "
+    } else {
+        " stack (innermost first) · Enter: every frame "
+    };
+    let block = Block::default().borders(Borders::ALL).title(title);
     let Some(row) = app.selected_row() else {
         f.render_widget(Paragraph::new("No live allocation selected.").block(block), area);
         return;
@@ -285,23 +291,36 @@ fn draw_detail(f: &mut Frame, app: &App, area: Rect) {
         }));
     }
     lines.push(Line::from(""));
-    let frames = stack_frames(app.tl, row.stack);
-    if frames.is_empty() {
+    let head = lines.len();
+    // Library frames are context, dim; the user's own frames are where the fix goes, bold. Folded, each run of
+    // library frames is one line (as in the text report), so the user's code shows without scrolling.
+    if app.detail {
+        for fr in stack_frames(app.tl, row.stack) {
+            lines.push(if fr.library {
+                Line::from(format!("  {}", fr.short())).dim()
+            } else {
+                Line::from(fr.short()).bold()
+            });
+        }
+    } else {
+        for (library, text) in folded(app.tl, row.stack, usize::MAX) {
+            lines.push(if library { Line::from(format!("  {text}")).dim() } else { Line::from(text).bold() });
+        }
+    }
+    if lines.len() == head {
         lines.push(Line::from("(no stack recorded)").italic());
     }
-    let limit = if app.detail { usize::MAX } else { area.height.saturating_sub(6) as usize };
-    for fr in frames.iter().take(limit) {
-        // Library frames are context: short and dim. The user's own frames are where the fix goes: in full.
-        lines.push(if fr.library {
-            Line::from(format!("  {}", fr.short())).dim()
-        } else {
-            Line::from(format!("{}:{} in {}", fr.filename, fr.line, fr.name)).bold()
-        });
+    // One line per frame (cut at the pane's edge, never wrapped): what is below the fold is said, and scrolls.
+    let inner = area.height.saturating_sub(2) as usize;
+    let scroll = if app.detail { (app.stack_scroll as usize).min(lines.len().saturating_sub(inner)) } else { 0 };
+    let mut shown: Vec<Line> = lines.into_iter().skip(scroll).collect();
+    if shown.len() > inner && inner > 0 {
+        let hidden = shown.len() - (inner - 1);
+        shown.truncate(inner - 1);
+        let more = if app.detail { "↓ scrolls" } else { "Enter shows every frame" };
+        shown.push(Line::from(format!("… {hidden} more lines ({more})")).italic());
     }
-    if frames.len() > limit {
-        lines.push(Line::from(format!("… {} more frames (Enter)", frames.len() - limit)).italic());
-    }
-    f.render_widget(Paragraph::new(lines).block(block).wrap(Wrap { trim: false }), area);
+    f.render_widget(Paragraph::new(shown).block(block), area);
 }
 
 fn draw_segments(f: &mut Frame, app: &App, area: Rect) {
@@ -508,7 +527,7 @@ fn draw_status(f: &mut Frame, app: &App, area: Rect) {
     let line = if app.filtering {
         Line::from(vec![Span::from("filter: ").bold(), Span::from(app.filter.clone()), Span::from("▏")])
     } else {
-        Line::from(keys::status_line(&keys::bindings())).dim()
+        Line::from(keys::status_line(&keys::bindings(), area.width as usize)).dim()
     };
     f.render_widget(Paragraph::new(line), area);
 }

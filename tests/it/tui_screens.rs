@@ -214,3 +214,37 @@ fn several_ranks_one_at_a_time_r_switches() {
     assert_eq!((one.ranks.switch_to, one.quit), (None, false));
     assert!(!screen(&one, 140, 30).contains("r: next"));
 }
+
+/// A real capture whose stacks hold ~30 C++ frames (`c10::`, `at::`) inside the user's: folded, the user's frame is
+/// in the stack pane without scrolling, at 80×24 as at 200×50; Enter unfolds every frame, ↓ scrolls, Enter folds;
+/// the key line ends with help and quit at both widths.
+#[test]
+fn the_stack_pane_reaches_the_users_code_through_cpp_frames() {
+    let job = load(&["fixtures/real/cs336-kk-fullstep-57gb.pickle"]);
+    let mut app = open(&job, "cs336-kk-fullstep-57gb.pickle");
+    actions(&mut app, &[Action::Jump(Jump::Peak)]);
+    let (stack, address) = app.selected_row().map(|r| (r.stack, r.address)).expect("a live allocation at the peak");
+    let frames = oomdoc::analysis::stack_frames(app.tl, stack);
+    let user = frames.iter().find(|f| !f.library).expect("a frame of the user's code").short();
+    assert!(frames.iter().take_while(|f| f.library).count() >= 10, "many library frames before the user's");
+    for (w, h) in [(80u16, 24u16), (200, 50)] {
+        let s = screen(&app, w, h);
+        let pane: String =
+            s.lines().map(|l| l.chars().skip(w as usize * 58 / 100).collect::<String>() + "\n").collect();
+        assert!(pane.contains(&user[..user.len().min(30)]), "{w}×{h}: the user's frame {user} is not in\n{s}");
+        let last = s.lines().last().unwrap();
+        assert!(last.trim_end().ends_with("? help  q quit"), "{w}×{h}: the key line is cut: {last}");
+        insta::assert_snapshot!(format!("cpp_stack_folded_{w}x{h}"), s);
+    }
+    actions(&mut app, &[Action::Open]);
+    assert!(app.detail);
+    let open = screen(&app, 80, 24);
+    assert!(open.contains("every frame") && open.contains("more lines (↓ scrolls)"), "{open}");
+    insta::assert_snapshot!("cpp_stack_open_80x24", open);
+    actions(&mut app, &[Action::Select(5)]);
+    let scrolled = screen(&app, 80, 24);
+    assert_ne!(scrolled, open, "↓ scrolls the open stack");
+    assert_eq!(app.selected_row().unwrap().address, address, "scrolling the stack keeps the row");
+    actions(&mut app, &[Action::Open]);
+    assert!(!app.detail && app.stack_scroll == 0, "Enter folds it again");
+}
