@@ -8,8 +8,6 @@ mod cli {
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use oomdoc::Error;
 
 fn main() -> ExitCode {
@@ -18,7 +16,7 @@ fn main() -> ExitCode {
     if std::env::var_os("OOMDOC_TEST_PANIC").is_some() {
         panic!("OOMDOC_TEST_PANIC is set");
     }
-    let cli = match cli::args::Cli::try_parse() {
+    let cli = match cli::args::parse() {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };

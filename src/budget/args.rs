@@ -19,23 +19,23 @@ pub const BUDGET_HELP: &str =
     4-bit weights, shorter context, tensor parallelism) and proposes the cheapest set of changes that fits.";
 
 pub const BUDGET_EXAMPLES: &str = "\
-Examples:
+Examples (the shape flags run as written; --config reads a model's config.json instead):
   # 7B with AdamW in mixed precision: 16 bytes per parameter before a single activation
-  oomdoc budget --params 7e9 --train
-  # Full fine-tune of Llama-2-7B on one H100: does it fit, and if not, what would?
-  oomdoc budget --config fixtures/models/Llama-2-7b-hf.json --train \\
+  oomdoc budget --params 7e9 --train --gpu h100-80gb
+  # Full fine-tune of Llama-2-7B (its shape) on one H100: does it fit, and if not, what would?
+  oomdoc budget --layers 32 --hidden 4096 --heads 32 --intermediate 11008 --vocab 32000 --train \\
       --batch 4 --seq 4096 --gpu h100-80gb
-  # 70B on 8 GPUs with ZeRO-3 and checkpointing
-  oomdoc budget --config fixtures/models/Meta-Llama-3-70B.json --train \\
-      --batch 1 --seq 8192 --gpus 8 --zero 3 --checkpointing full --gpu h100-80gb
-  # Serving Llama-3.1-8B at 32k context, 4 sequences at a time, on a 24 GB card
-  oomdoc budget --config fixtures/models/Llama-3.1-8B.json --infer \\
-      --batch 4 --seq 32768 --gpu 4090
-  # No config.json at hand: give the shape
+  # A 70B (Llama-3-70B's shape) on 8 GPUs with ZeRO-3 and checkpointing
+  oomdoc budget --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --intermediate 28672 \\
+      --vocab 128256 --train --batch 1 --seq 8192 --gpus 8 --zero 3 --checkpointing full \\
+      --gpu h100-80gb
+  # Serving an 8B (Llama-3.1-8B's shape) at 32k context, 4 sequences at a time, on a 24 GB card, as JSON
   oomdoc budget --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --intermediate 14336 \\
-      --vocab 128256 --infer --batch 32 --seq 4096 --gpu-memory 80GiB --format json
+      --vocab 128256 --infer --batch 4 --seq 32768 --gpu 4090 --format json
+  # Your model's own config.json
+  oomdoc budget --config config.json --train --batch 8 --seq 2048 --gpu a100-80gb
   # After an OOM: the budget beside what the snapshot measured
-  oomdoc analyze snap.pickle --model config.json --train --batch 8 --seq 2048
+  oomdoc analyze snap.pickle --config config.json --train --batch 8 --seq 2048
 
 Known GPUs: h100-80gb, h200, a100-80gb, a100-40gb, l40s, l4, a10g, 4090, 3090, t4.";
 

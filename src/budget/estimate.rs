@@ -32,6 +32,18 @@ pub struct Item {
 pub struct Estimate {
     pub items: Vec<Item>,
     pub notes: Vec<String>,
+    /// What the estimate could not count for want of flags, and the flags that would add it: the verdict's
+    /// headline carries it, so "fits" never hides it.
+    pub left_out: Option<LeftOut>,
+}
+
+/// A part of the memory the budget did not estimate.
+#[derive(Clone, Debug, Serialize)]
+pub struct LeftOut {
+    /// "activations, logits and the KV cache".
+    pub what: String,
+    /// "--batch and --seq".
+    pub give: String,
 }
 
 impl Estimate {
@@ -315,7 +327,9 @@ fn training(model: &Model, run: &Run, e: &mut Estimate) -> Result<(), String> {
     }
 
     let (Some(s), Some(b), Some(t)) = (shape, run.batch, run.seq) else {
-        e.notes.push(missing_for_activations(shape.is_none()));
+        let missing = missing_for_activations(shape.is_none());
+        e.notes.push(format!("{} are not estimated: {}", missing.what, missing.give));
+        e.left_out = Some(missing);
         return Ok(());
     };
     activations(s, b, t, run, e);
@@ -358,14 +372,15 @@ fn local_bytes(bytes: u128, run: &Run) -> u128 {
     div_ceil(bytes, (run.tensor_parallel * run.pipeline_parallel) as u128)
 }
 
-fn missing_for_activations(no_shape: bool) -> String {
-    if no_shape {
-        "activations, logits and the KV cache are not estimated: --layers and --hidden add the activations (--heads \
-         for eager attention), --kv-heads the KV cache, --vocab the logits; or give --config config.json"
-            .into()
+fn missing_for_activations(no_shape: bool) -> LeftOut {
+    let what = "activations, logits and the KV cache".to_string();
+    let give = if no_shape {
+        "--layers and --hidden add the activations (--heads for eager attention), --kv-heads the KV cache, --vocab \
+         the logits, with --batch and --seq; or give --config config.json"
     } else {
-        "activations, logits and the KV cache are not estimated: give --batch and --seq".into()
-    }
+        "give --batch and --seq"
+    };
+    LeftOut { what, give: give.to_string() }
 }
 
 /// Activation memory (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
@@ -491,7 +506,9 @@ fn inference(model: &Model, run: &Run, e: &mut Estimate) -> Result<(), String> {
     e.push("weights", bytes, formula, why, Some("parameter"));
 
     let (Some(s), Some(b), Some(t)) = (shape, run.batch, run.seq) else {
-        e.notes.push(missing_for_activations(shape.is_none()));
+        let missing = missing_for_activations(shape.is_none());
+        e.notes.push(format!("{} are not estimated: {}", missing.what, missing.give));
+        e.left_out = Some(missing);
         return Ok(());
     };
     let (b_, t_) = (b as u128, t as u128);

@@ -47,6 +47,9 @@ pub struct Budget {
     pub paged_attention: Option<Paged>,
     pub proposals: Vec<Proposal>,
     pub notes: Vec<String>,
+    /// What the total leaves out for want of flags (the verdict says it in its headline).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub left_out: Option<estimate::LeftOut>,
 }
 
 /// vLLM-style PagedAttention capacity: what is left of `gpu_memory_utilization × capacity` after everything else
@@ -132,6 +135,7 @@ pub fn plan(model: Model, run: Run, gpu: Option<Gpu>, max_gpus: u64) -> Result<B
         paged_attention: paged,
         proposals,
         notes,
+        left_out: est.left_out.clone(),
     })
 }
 

@@ -53,7 +53,9 @@ pub enum Command {
         oomdoc analyze mem_snapshot.pickle --format markdown -o incident.md\n  \
         oomdoc analyze mem_snapshot.pickle --format json | jq '.findings'\n  \
         oomdoc analyze mem_snapshot.pickle --fail-on warning   # exit 1 if anything was found\n  \
-        oomdoc analyze mem_snapshot.pickle --max-peak 40GiB    # exit 1 if a GPU's peak is over it (CI)")]
+        oomdoc analyze mem_snapshot.pickle --max-peak 40GiB    # exit 1 if a GPU's peak is over it (CI)\n\
+        The budget beside the snapshot: --config config.json --train --batch B --seq S (every model and run flag: \
+        --help).")]
     Analyze(AnalyzeArgs),
     /// Print every fact the rules can test, with its value (the way to debug a rule).
     Facts(FactsArgs),
@@ -125,52 +127,52 @@ pub struct InputArgs {
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
     /// Read every file as this kind instead of recognising it.
-    #[arg(long, value_enum, value_name = "KIND")]
+    #[arg(long, value_enum, value_name = "KIND", help_heading = "Reading the inputs")]
     pub kind: Option<oomdoc::ingest::Kind>,
     /// Lines that cannot be used inside a recognised block are errors (default: skipped and counted).
-    #[arg(long)]
+    #[arg(long, help_heading = "Reading the inputs")]
     pub strict: bool,
     /// Column names of a `noheader` nvidia-smi CSV, as given to --query-gpu (timestamp,index,memory.used,…).
-    #[arg(long, value_name = "A,B,C", value_delimiter = ',')]
+    #[arg(long, value_name = "A,B,C", value_delimiter = ',', help_heading = "Reading the inputs")]
     pub columns: Option<Vec<String>>,
     /// The zone nvidia-smi and log timestamps were written in (UTC, +02:00, -0530). Default: inferred from the
     /// snapshot's clock when there is one.
-    #[arg(long, value_name = "ZONE", value_parser = oomdoc::timeline::clock::parse_tz)]
+    #[arg(long, value_name = "ZONE", value_parser = oomdoc::timeline::clock::parse_tz, help_heading = "Reading the inputs")]
     pub tz: Option<i64>,
     /// Shift every text artifact's times by this many seconds (a host clock that was off).
-    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true, help_heading = "Reading the inputs")]
     pub clock_offset: Option<f64>,
     /// Only this CUDA device.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = "The moment and the GPU")]
     pub device: Option<i64>,
     /// The moment to describe: oom, peak, end, a time after the trace start (12.5s, 300ms), or event:N.
     /// Default: the last OOM if there is one, else the peak.
-    #[arg(long, value_name = "WHEN", default_value = "auto")]
+    #[arg(long, value_name = "WHEN", default_value = "auto", help_heading = "The moment and the GPU")]
     pub at: At,
     /// The GPU's total memory (e.g. 80GiB, 40GB, 81559347200): lets oomdoc size memory outside PyTorch at an OOM.
-    #[arg(long, value_name = "BYTES", value_parser = oomdoc::units::parse_size_arg)]
+    #[arg(long, value_name = "BYTES", value_parser = oomdoc::units::parse_size_arg, help_heading = "The moment and the GPU")]
     pub gpu_memory: Option<u64>,
     /// The process's memory cap, set with torch.cuda.set_per_process_memory_fraction (the fraction × the GPU's
     /// memory): a capped process runs out with the device still free. Read from the OOM message when one is given;
     /// `oomdoc.record()` passes it.
-    #[arg(long, value_name = "BYTES", value_parser = oomdoc::units::parse_size_arg)]
+    #[arg(long, value_name = "BYTES", value_parser = oomdoc::units::parse_size_arg, help_heading = "The moment and the GPU")]
     pub memory_cap: Option<u64>,
     /// A folder of rule files (*.toml) that add to or override the built-in ones; a categories.toml there adds
     /// category patterns.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help_heading = "Reading the inputs")]
     pub rules: Option<PathBuf>,
     /// No progress bar, even on a terminal.
-    #[arg(long)]
+    #[arg(long, help_heading = "Reading the inputs")]
     pub no_progress: bool,
     /// An archive or folder with more members than this is refused (a guard against hostile archives).
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    #[arg(long, value_name = "N", default_value_t = 10_000, help_heading = "Reading the inputs")]
     pub max_members: usize,
     /// An input that unpacks (decompresses, all its members together) to more than this is refused.
-    #[arg(long, value_name = "BYTES", value_parser = oomdoc::units::parse_size_arg, default_value = "256GiB")]
+    #[arg(long, value_name = "BYTES", value_parser = oomdoc::units::parse_size_arg, default_value = "256GiB", help_heading = "Reading the inputs")]
     pub max_unpacked: u64,
     /// A compressed input or member that unpacks to more than this many times its stored size (past 64 MiB) is
     /// refused as a decompression bomb. Real snapshots compress 10–40×.
-    #[arg(long, value_name = "N", default_value_t = 1000)]
+    #[arg(long, value_name = "N", default_value_t = 1000, help_heading = "Reading the inputs")]
     pub max_ratio: u64,
     // With --model (a config.json) or model flags: the budget's prediction per category beside the snapshot.
     #[command(flatten)]
@@ -182,25 +184,25 @@ pub struct AnalyzeArgs {
     #[command(flatten)]
     pub input: InputArgs,
     /// How many live allocations and stacks to list.
-    #[arg(long, value_name = "N", default_value_t = 10)]
+    #[arg(long, value_name = "N", default_value_t = 10, help_heading = "Output")]
     pub top: usize,
     /// Output format [default: text, or what the -o file's name says: .html, .md, .json].
-    #[arg(long, short = 'f', value_enum)]
+    #[arg(long, short = 'f', value_enum, help_heading = "Output")]
     pub format: Option<Format>,
     /// Write the report to FILE instead of standard output.
-    #[arg(long, short = 'o', value_name = "FILE")]
+    #[arg(long, short = 'o', value_name = "FILE", help_heading = "Output")]
     pub output: Option<PathBuf>,
     /// Colour: auto (on a terminal, unless NO_COLOR is set), always, never.
-    #[arg(long, value_name = "WHEN", value_enum, default_value_t = Color::Auto)]
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = Color::Auto, help_heading = "Output")]
     pub color: Color,
     /// Exit with code 1 when a finding of this severity or worse is raised.
-    #[arg(long, value_name = "SEVERITY", value_enum)]
+    #[arg(long, value_name = "SEVERITY", value_enum, help_heading = "CI gates")]
     pub fail_on: Option<Severity>,
     /// For CI: exit with code 1 when any GPU's peak allocated memory is over SIZE (e.g. 40GiB), saying which.
-    #[arg(long, value_name = "SIZE", value_parser = oomdoc::units::parse_size_arg)]
+    #[arg(long, value_name = "SIZE", value_parser = oomdoc::units::parse_size_arg, help_heading = "CI gates")]
     pub max_peak: Option<u64>,
     /// For CI: exit with code 1 when any GPU's peak reserved memory is over SIZE, saying which.
-    #[arg(long, value_name = "SIZE", value_parser = oomdoc::units::parse_size_arg)]
+    #[arg(long, value_name = "SIZE", value_parser = oomdoc::units::parse_size_arg, help_heading = "CI gates")]
     pub max_reserved: Option<u64>,
 }
 
@@ -273,4 +275,25 @@ impl InputArgs {
             timing: std::env::var_os("OOMDOC_TIMING").is_some(),
         }
     }
+}
+
+/// The command line, with the budget's model and run flags (which `analyze`, `facts` and `tui` take to put a
+/// prediction beside a snapshot) left out of those commands' short help (`-h`): `--help` lists them all.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().mut_subcommands(|sub| {
+        if sub.get_name() == "budget" {
+            return sub;
+        }
+        sub.mut_args(|a| match a.get_help_heading() {
+            Some(h) if h.starts_with("Model") || h == "Run" => a.hide_short_help(true),
+            _ => a,
+        })
+    })
+}
+
+/// Parses the process's arguments with [`command`].
+pub fn parse() -> Result<Cli, clap::Error> {
+    use clap::FromArgMatches;
+    Cli::from_arg_matches(&command().try_get_matches()?)
 }

@@ -40,18 +40,28 @@ fn verdict(b: &Budget) -> Option<String> {
     };
     let of = format!("{share}{} ({})", g.name, gb(g.capacity_bytes));
     Some(if headroom >= 0 {
-        format!(
-            "fits on {of}: {} per GPU, {} headroom ({:.0}%)",
+        let counted = match (&b.left_out, b.run.mode) {
+            (Some(_), Mode::Train) => "model states fit",
+            (Some(_), Mode::Infer) => "the weights fit",
+            (None, _) => "fits",
+        };
+        let mut v = format!(
+            "{counted} on {of}: {} per GPU, {} headroom ({:.0}%)",
             gb(b.total_bytes),
             gb(headroom as u64),
             headroom as f64 * 100.0 / limit.max(1) as f64
-        )
+        );
+        if let Some(l) = &b.left_out {
+            v.push_str(&format!("; {} not estimated — {}", l.what, l.give));
+        }
+        v
     } else {
         format!(
-            "does not fit on {of}: {} per GPU needs {} more than the {} there is",
+            "does not fit on {of}: {} per GPU needs {} more than the {} there is{}",
             gb(b.total_bytes),
             gb(headroom.unsigned_abs()),
-            gb(limit)
+            gb(limit),
+            b.left_out.as_ref().map_or(String::new(), |l| format!(", before {}, which are not estimated", l.what))
         )
     })
 }

@@ -153,6 +153,94 @@ fn help_teaches() {
 }
 
 #[test]
+fn analyze_help_is_grouped_and_short_with_h() {
+    let short = stdout(&oomdoc(&["analyze", "-h"]));
+    let long = stdout(&oomdoc(&["analyze", "--help"]));
+    // Grouped: where to find an option says what it is for; output options are never under the budget's "Run".
+    for heading in ["Reading the inputs:", "The moment and the GPU:", "Output:", "CI gates:"] {
+        assert!(short.contains(heading) && long.contains(heading), "{heading}");
+    }
+    let section = |text: &str, heading: &str| -> String {
+        // Up to the next heading: a line that starts in the first column.
+        let body = text.split(heading).nth(1).unwrap_or("");
+        body.lines().skip(1).take_while(|l| l.is_empty() || l.starts_with(' ')).collect::<Vec<_>>().join("\n")
+    };
+    assert!(section(&long, "Output:").contains("--format") && section(&long, "Output:").contains("--output"));
+    assert!(section(&long, "CI gates:").contains("--max-peak"));
+    assert!(!section(&long, "Run:").contains("--format"), "output options under Run:");
+    // The budget's model and run flags are in --help only; -h says where they are.
+    assert!(!short.contains("--layers") && long.contains("--layers"));
+    assert!(short.contains("every model and run"), "{short}");
+    assert!(short.lines().count() * 3 < long.lines().count() * 2, "-h is short: {} lines", short.lines().count());
+}
+
+#[test]
+fn budget_help_examples_run_without_a_file_of_the_users() {
+    let help = stdout(&oomdoc(&["budget", "--help"]));
+    assert!(!help.contains("fixtures/"), "an example names a file a wheel does not ship");
+    let examples = help.split("Examples").nth(1).unwrap().split("Known GPUs").next().unwrap();
+    let mut ran = 0;
+    let mut lines = examples.lines();
+    while let Some(line) = lines.next() {
+        let Some(rest) = line.trim().strip_prefix("oomdoc budget") else { continue };
+        let mut cmd = rest.to_string();
+        while cmd.ends_with('\\') {
+            cmd.pop();
+            cmd.push(' ');
+            cmd.push_str(lines.next().unwrap().trim());
+        }
+        if cmd.contains("config.json") {
+            continue;
+        }
+        let mut args = vec!["budget"];
+        args.extend(cmd.split_whitespace());
+        let o = oomdoc(&args);
+        assert_eq!(o.status.code(), Some(0), "{cmd}: {}", stderr(&o));
+        assert!(!o.stdout.is_empty(), "{cmd}: silent");
+        ran += 1;
+    }
+    assert!(ran >= 4, "{ran} examples ran");
+}
+
+#[test]
+fn a_budget_that_left_activations_out_says_so_in_its_headline() {
+    let text = stdout(&oomdoc(&["budget", "--params", "7e9", "--train", "--gpu", "h200"]));
+    let verdict = text.lines().find(|l| l.starts_with("Verdict:")).unwrap_or_else(|| panic!("{text}"));
+    assert!(verdict.contains("model states fit on h200"), "{verdict}");
+    assert!(
+        verdict.contains("activations, logits and the KV cache not estimated — --layers and --hidden"),
+        "{verdict}"
+    );
+    let short = stdout(&oomdoc(&["budget", "--params", "7e9", "--train", "--gpu", "h100-80gb"]));
+    assert!(short.contains("before activations, logits and the KV cache, which are not estimated"), "{short}");
+    // With the shape and the run's batch and sequence, nothing is left out and the headline is plain.
+    let whole = stdout(&oomdoc(&[
+        "budget",
+        "--layers",
+        "32",
+        "--hidden",
+        "4096",
+        "--heads",
+        "32",
+        "--vocab",
+        "32000",
+        "--intermediate",
+        "11008",
+        "--train",
+        "--batch",
+        "1",
+        "--seq",
+        "512",
+        "--gpu",
+        "h200",
+    ]));
+    assert!(!whole.contains("not estimated"), "{whole}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&oomdoc(&["budget", "--params", "7e9", "--train", "--format", "json"]).stdout).unwrap();
+    assert_eq!(json["left_out"]["what"], "activations, logits and the KV cache");
+}
+
+#[test]
 fn one_bad_input_is_one_line_and_the_others_are_still_analysed() {
     // A job of two snapshots and a log, one snapshot truncated: its error is one line, the other snapshot and the
     // log are reported, and the exit code says that something could not be read.
