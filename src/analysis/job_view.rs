@@ -245,7 +245,7 @@ pub fn of(ranks_in: &[ReportedRank]) -> Option<JobView> {
                 oom: d.oom,
                 oom_time_us: d.oom_time_us,
                 primary_rule: d.primary_rule.clone(),
-                holder: d.holder.as_ref().map(|(c, s, _)| format!("{c}: {s}")),
+                holder: d.holder.as_ref().map(|(c, s, _)| format!("{}: {s}", c.replace('_', " "))),
                 unmatched: d.unmatched.is_some(),
                 analysis: i,
             });
@@ -328,9 +328,9 @@ fn outliers(ranks_in: &[ReportedRank], ranks: &[RankRow]) -> Vec<Outlier> {
         if let Some((factor, cat, mine, med)) = best {
             let b = crate::units::bytes;
             let why = if factor.is_finite() {
-                format!("{cat} {}, {factor:.1}× the other ranks' median ({})", b(mine), b(med))
+                format!("{} {}, {factor:.1}× the other ranks' median ({})", cat.replace('_', " "), b(mine), b(med))
             } else {
-                format!("{cat} {}, where the other ranks hold none", b(mine))
+                format!("{} {}, where the other ranks hold none", cat.replace('_', " "), b(mine))
             };
             out.push(Outlier {
                 input: r.input.clone(),

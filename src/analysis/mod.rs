@@ -609,6 +609,7 @@ fn analyze_device<'t>(
     let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
     let oom_count = events.iter().filter(|e| e.action == Action::Oom).count();
     let last = (!events.is_empty()).then(|| events.len() as u32 - 1);
+    let mut past_end = None;
     let (moment, idx): (Moment, Option<u32>) = match &opts.at {
         At::Auto => match last_oom {
             Some(i) => (Moment::Oom, Some(i)),
@@ -629,8 +630,19 @@ fn analyze_device<'t>(
         }
         At::Offset(us) => {
             let t0 = events.iter().find_map(|e| e.time_us()).ok_or(AnalysisError::NoTimestamps(dev.device))?;
-            let i = events.iter().rposition(|e| e.time_us().is_some_and(|t| t <= t0 + us));
-            (Moment::Time, i.map(|i| i as u32))
+            let t_end = events.iter().rev().find_map(|e| e.time_us()).unwrap_or(t0);
+            if t0 + us > t_end {
+                // Past the end: the end it is, and said so (a clamp the user does not see reads as a wrong answer).
+                past_end = Some(format!(
+                    "--at {} is past the end of the trace ({} after its first event): this is the state at its end.",
+                    duration_us(*us),
+                    duration_us(t_end - t0)
+                ));
+                (Moment::End, last)
+            } else {
+                let i = events.iter().rposition(|e| e.time_us().is_some_and(|t| t <= t0 + us));
+                (Moment::Time, i.map(|i| i as u32))
+            }
         }
     };
     let last_event = idx.map_or(events.len().saturating_sub(1), |i| i as usize);
@@ -652,6 +664,21 @@ fn analyze_device<'t>(
         (report, facts, state, attribution)
     });
     report.facts = facts;
+    if let Some(note) = past_end {
+        report.notes.insert(0, note);
+    }
+    if let (Some(oom), true) = (last_oom, moment != Moment::Oom && matches!(opts.at, At::Offset(_) | At::Event(_))) {
+        if idx.is_some_and(|i| i >= oom) {
+            let when = events[oom as usize]
+                .time_us()
+                .zip(events.iter().find_map(|e| e.time_us()))
+                .map_or(String::new(), |(t, t0)| format!(", {} into the trace", duration_us(t - t0)));
+            report.notes.insert(
+                0,
+                format!("This GPU ran out of memory before this moment (event {oom}{when}): --at oom shows it."),
+            );
+        }
+    }
     report.holder = verdict::holder(tl, &report, &state, &attribution);
     if opts.chart_categories {
         if let Some(c) = report.chart.as_mut() {
@@ -986,6 +1013,31 @@ fn stack_groups(tl: &Timeline, live: &[Allocation], top: usize) -> StackShares {
             g.callers = format!("(no stack recorded; {} inferred: {})", g.category.replace('_', " "), why.words());
         }
         g.stack = stack_frames(tl, g.stack_id).iter().map(FrameView::full).collect();
+    }
+    // Rows whose Python lines are the same (one line calls two operators) are told apart by the ATen operator.
+    let mut seen: FxHashMap<String, usize> = FxHashMap::default();
+    for g in &by_stack {
+        *seen.entry(g.callers.clone()).or_default() += 1;
+    }
+    // Each such row is named by its ATen operator where those differ, else by its innermost frame the others of
+    // its group lack (a backward node, a workspace), in a few words.
+    let groups: Vec<String> = seen.into_iter().filter(|(_, n)| *n > 1).map(|(c, _)| c).collect();
+    for callers in groups {
+        let members: Vec<usize> = (0..by_stack.len()).filter(|&i| by_stack[i].callers == callers).collect();
+        let ops: Vec<Option<String>> =
+            members.iter().map(|&i| stacks::innermost_op(tl, by_stack[i].stack_id)).collect();
+        let ops_differ = ops.iter().collect::<std::collections::BTreeSet<_>>().len() == ops.len();
+        let frames: Vec<Vec<String>> = members
+            .iter()
+            .map(|&i| stack_frames(tl, by_stack[i].stack_id).iter().map(FrameView::word).collect())
+            .collect();
+        for (k, &i) in members.iter().enumerate() {
+            let own = || frames[k].iter().find(|f| frames.iter().enumerate().any(|(j, o)| j != k && !o.contains(f)));
+            let via = if ops_differ { ops[k].clone() } else { own().cloned() };
+            if let Some(via) = via {
+                by_stack[i].callers = format!("{callers} via {via}");
+            }
+        }
     }
     (by_stack, all)
 }

@@ -27,6 +27,25 @@ impl FrameView {
         }
     }
 
+    /// The frame in a few words: a Python frame as [`FrameView::short`], a C++ one as its function's qualified name
+    /// without return type, arguments or template arguments (`at::cuda::getNewWorkspace`).
+    pub fn word(&self) -> String {
+        if self.filename.ends_with(".py") {
+            return self.short();
+        }
+        if let Some(op) = aten_op(&self.name) {
+            return op;
+        }
+        let head = self.name.split('(').next().unwrap_or(&self.name);
+        let name = head.split_whitespace().last().unwrap_or(head);
+        let name = name.split('<').next().unwrap_or(name);
+        if name.is_empty() {
+            self.short()
+        } else {
+            name.to_string()
+        }
+    }
+
     /// The file's path cut to its last two parts: `dir/file.py`.
     pub fn short_path(&self) -> String {
         let path = self.filename.replace('\\', "/");
@@ -69,7 +88,7 @@ pub fn culprit(tl: &Timeline, stack: StackId) -> String {
     }
     // Native frames only (typically the backward pass on the autograd thread): name the ATen operator.
     if let Some(op) = frames.iter().find_map(|f| aten_op(&f.name)) {
-        return format!("{op} (native frames only)");
+        return format!("{op} (C++ frames only, no Python frame: typically the backward pass)");
     }
     let mut s = frames[0].short();
     if s.len() > 100 {
@@ -77,6 +96,12 @@ pub fn culprit(tl: &Timeline, stack: StackId) -> String {
         s.push('…');
     }
     s
+}
+
+/// The ATen operator the stack went through last (innermost), if its C++ frames were recorded: what tells apart two
+/// stacks whose Python frames are the same line.
+pub fn innermost_op(tl: &Timeline, stack: StackId) -> Option<String> {
+    stack_frames(tl, stack).iter().find_map(|f| aten_op(&f.name))
 }
 
 /// `aten::bmm` from a native frame such as `at::_ops::bmm::call(...)`.
@@ -121,7 +146,7 @@ pub fn folded(tl: &Timeline, stack: StackId, max_lines: usize) -> Vec<(bool, Str
             let run = &frames[start..i];
             let label = match run.iter().find(|f| f.filename.ends_with(".py")) {
                 Some(f) => f.short(),
-                None => run.iter().find_map(|f| aten_op(&f.name)).unwrap_or_else(|| "native code".into()),
+                None => run.iter().find_map(|f| aten_op(&f.name)).unwrap_or_else(|| "C++ code".into()),
             };
             let text = if n == 1 { label } else { format!("{label} (+{} library frames)", n - 1) };
             out.push((true, text));

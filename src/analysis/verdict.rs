@@ -276,11 +276,17 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
                     .map_or(String::new(), |(t, t0)| format!(" {} into the trace", crate::units::duration_us(t - t0)))
             ),
             _ => format!(
-                "At the {} GPU {} held {} allocated ({} reserved)",
+                "At the {} GPU {} held {} allocated ({} reserved){}",
                 d.moment.words(),
                 d.device,
                 bytes(d.allocated_bytes),
-                bytes(d.reserved_bytes)
+                bytes(d.reserved_bytes),
+                // The OOM is what the user came for: a moment after it says it happened.
+                if d.oom_count > 0 && d.moment != Moment::Peak {
+                    " — it had run out of memory before this moment (--at oom shows that one)"
+                } else {
+                    ""
+                }
             ),
         },
     };

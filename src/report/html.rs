@@ -59,13 +59,14 @@ const SCRIPT: &str = r#"(()=>{"use strict";
 const svgX=(svg,ev)=>{const r=svg.getBoundingClientRect();return (ev.clientX-r.left)*svg.viewBox.baseVal.width/r.width;};
 for(const svg of document.querySelectorAll("svg.timeline")){
 const L=+svg.dataset.left,W=+svg.dataset.w,N=+svg.dataset.events,z=svg.querySelector("g.zoom");
-const pinned=[...svg.querySelectorAll("[data-x]")],e0=svg.querySelector(".ev0"),e1=svg.querySelector(".ev1"),e1text=e1.textContent;
+const pinned=[...svg.querySelectorAll("[data-x]")],e0=svg.querySelector(".ev0"),e1=svg.querySelector(".ev1"),e1text=e1.textContent,mids=[...svg.querySelectorAll(".evm")];
 let s=1,t=0,drag=null;
 const ev=x=>Math.max(0,Math.min(N,Math.round(((x-t)/s-L)/(W-L)*N)));
 const apply=()=>{s=Math.max(1,Math.min(s,4000));t=Math.min(L*(1-s),Math.max(W*(1-s),t));
 z.setAttribute("transform","translate("+t.toFixed(3)+" 0) scale("+s.toFixed(5)+" 1)");
 for(const p of pinned){const x=t+s*(+p.dataset.x);p.setAttribute("x",x.toFixed(1));p.style.display=(x<L||x>W)?"none":"";}
-e0.textContent="event "+ev(L);e1.textContent=s>1?"event "+ev(W):e1text;};
+e0.textContent="event "+ev(L);e1.textContent=s>1?"event "+ev(W):e1text;
+for(const m of mids){m.textContent="event "+ev(L+(W-L)*(+m.dataset.f));}};
 svg.addEventListener("wheel",e=>{e.preventDefault();const x=svgX(svg,e),f=Math.exp(-e.deltaY*0.002);t=x-(x-t)*f;s*=f;apply();},{passive:false});
 svg.addEventListener("pointerdown",e=>{drag={x:svgX(svg,e),t:t};svg.setPointerCapture(e.pointerId);});
 svg.addEventListener("pointermove",e=>{if(drag){t=drag.t+svgX(svg,e)-drag.x;apply();}});
@@ -119,7 +120,10 @@ pub fn fragment(a: &Analysis, tl: &Timeline) -> String {
         let _ = writeln!(o, "<section id=\"verdict\">\n<h2>Verdict</h2>");
         for d in &a.devices {
             let Some(v) = &d.verdict else { continue };
-            let _ = writeln!(o, "<p class=\"summary\"><strong>GPU {}</strong>: {}</p>", d.device, esc(&v.summary));
+            let _ = match v.summary.strip_prefix(&format!("GPU {} ", d.device)) {
+                Some(rest) => writeln!(o, "<p class=\"summary\"><strong>GPU {}</strong> {}</p>", d.device, esc(rest)),
+                None => writeln!(o, "<p class=\"summary\"><strong>GPU {}</strong>: {}</p>", d.device, esc(&v.summary)),
+            };
             let detail = sections::verdict_detail(d);
             if !detail.is_empty() {
                 let _ = writeln!(o, "<ul class=\"dim\">");
@@ -616,6 +620,23 @@ fn timeline(o: &mut String, d: &DeviceReport, c: &Chart, rules: &[&str]) {
         c.events,
         d.trace.span_us.map_or(String::new(), |s| format!(", {}", duration_us(s)))
     );
+    // Between the ends: bytes at a quarter, half and three quarters of the height, and the events under a quarter,
+    // half and three quarters of the width (the script renumbers those as it zooms).
+    for f in [0.25, 0.5, 0.75] {
+        let v = (top * f) as u64;
+        let _ = writeln!(
+            o,
+            "<line x1=\"{LEFT}\" y1=\"{yy:.1}\" x2=\"{W}\" y2=\"{yy:.1}\" stroke=\"currentColor\" stroke-opacity=\".12\"/>\
+             <text x=\"4\" y=\"{:.1}\">{}</text>\
+             <text class=\"evm\" data-f=\"{f}\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">event {}</text>",
+            y(v) + 4.0,
+            bytes(v),
+            LEFT + (W - LEFT) * f,
+            H - 6.0,
+            (c.events as f64 * f) as u64,
+            yy = y(v),
+        );
+    }
     let outside_legend = if outside.is_empty() {
         ""
     } else {
@@ -629,8 +650,11 @@ fn timeline(o: &mut String, d: &DeviceReport, c: &Chart, rules: &[&str]) {
         )
     } else {
         let mut l = String::new();
-        for cat in &c.categories {
-            let _ = write!(l, "<span><i class=\"sw cat-{cat}\"></i>{}</span>", cat.replace('_', " "));
+        // Only the categories this GPU had: a swatch for one it never held would be a colour with nothing drawn.
+        for (k, cat) in c.categories.iter().enumerate() {
+            if c.by_category.iter().any(|v| v.get(k).is_some_and(|&b| b > 0)) {
+                let _ = write!(l, "<span><i class=\"sw cat-{cat}\"></i>{}</span>", cat.replace('_', " "));
+            }
         }
         let _ = write!(
             l,

@@ -61,7 +61,8 @@ fn ranks_list(ranks: &[u32]) -> String {
 /// The lines that say what is shown in full and why.
 fn shown_in_full(view: &JobView, analysed: usize) -> String {
     let keep = detailed(view);
-    let mut why = Vec::new();
+    // One entry per rank (a rank's GPUs may each have a reason), its reasons together.
+    let mut why: Vec<(String, Vec<&str>)> = Vec::new();
     for r in view.ranks.iter().filter(|r| keep.contains(&r.analysis) && r.analysis < analysed) {
         let reason = if r.oom {
             "ran out of memory"
@@ -70,15 +71,21 @@ fn shown_in_full(view: &JobView, analysed: usize) -> String {
         } else {
             "the highest peak"
         };
-        let item = if r.unmatched {
+        let who = if r.unmatched {
             format!("GPU {}'s OOM message ({}, no snapshot of it)", r.device, short(&r.input))
         } else {
-            format!("rank {} ({reason})", r.rank)
+            format!("rank {}", r.rank)
         };
-        if !why.contains(&item) {
-            why.push(item);
+        match why.iter_mut().find(|(w, _)| *w == who) {
+            Some((_, reasons)) if !reasons.contains(&reason) => reasons.push(reason),
+            Some(_) => {}
+            None => why.push((who, vec![reason])),
         }
     }
+    let why: Vec<String> = why
+        .into_iter()
+        .map(|(who, reasons)| if who.starts_with("rank") { format!("{who} ({})", reasons.join(", ")) } else { who })
+        .collect();
     let rest = view.ranks.iter().filter(|r| !keep.contains(&r.analysis) && r.analysis < analysed).count();
     let mut s = if why.is_empty() {
         "Every rank was read from its JSON report: each report has its rank in full".to_string()

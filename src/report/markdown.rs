@@ -20,14 +20,23 @@ pub(crate) fn esc(s: &str) -> String {
         if i % 2 == 1 {
             out.push_str(&part.replace('|', "\\|"));
         } else {
-            out.push_str(
-                &part
-                    .replace('|', "\\|")
-                    .replace('<', "&lt;")
-                    .replace('>', "&gt;")
-                    .replace('*', "\\*")
-                    .replace('_', "\\_"),
-            );
+            // `<` only where it could open an HTML tag (`<1%` reads as itself, as in the tables); `>` only where it
+            // would start a quote.
+            let mut prev: Option<char> = None;
+            let mut chars = part.chars().peekable();
+            while let Some(c) = chars.next() {
+                match c {
+                    '|' => out.push_str("\\|"),
+                    '*' => out.push_str("\\*"),
+                    '_' => out.push_str("\\_"),
+                    '<' if chars.peek().is_some_and(|n| n.is_ascii_alphabetic() || matches!(n, '/' | '!' | '?')) => {
+                        out.push_str("&lt;")
+                    }
+                    '>' if prev.is_none_or(|p| p == '\n') => out.push_str("&gt;"),
+                    c => out.push(c),
+                }
+                prev = Some(c);
+            }
         }
     }
     out
@@ -57,7 +66,10 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
         let _ = writeln!(o, "### Verdict\n");
         for d in &a.devices {
             let Some(v) = &d.verdict else { continue };
-            let _ = writeln!(o, "**GPU {}**: {}\n", d.device, esc(&v.summary));
+            let _ = match v.summary.strip_prefix(&format!("GPU {} ", d.device)) {
+                Some(rest) => writeln!(o, "**GPU {}** {}\n", d.device, esc(rest)),
+                None => writeln!(o, "**GPU {}**: {}\n", d.device, esc(&v.summary)),
+            };
             for line in sections::verdict_detail(d) {
                 let _ = writeln!(o, "- {}", esc(&line));
             }

@@ -135,7 +135,7 @@ fn the_backwards_temporaries_are_activations_and_its_weight_gradients_gradients(
     let d = &v["devices"][0];
     let rows = d["by_stack"].as_array().unwrap();
     let engine: Vec<&Value> =
-        rows.iter().filter(|r| r["callers"].as_str().unwrap().contains("native frames only")).collect();
+        rows.iter().filter(|r| r["callers"].as_str().unwrap().contains("C++ frames only")).collect();
     assert!(engine.iter().any(|r| r["category"] == "gradient"), "{engine:?}");
     let cats = by_category(d);
     let get = |c: &str| cats.iter().find(|(n, _)| n == c).map_or(0, |(_, b)| *b) as f64 / GIB;

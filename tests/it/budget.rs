@@ -451,7 +451,7 @@ fn usage_errors_exit_2() {
 fn help_teaches_with_examples() {
     let help = stdout(&oomdoc(&["budget", "--help"]));
     for needle in [
-        "Examples:",
+        "Examples (",
         "--params 7e9 --train",
         "--gpu h100-80gb",
         "--config",
@@ -462,7 +462,7 @@ fn help_teaches_with_examples() {
         "--gpu-memory",
         "--format",
         "Korthikanti",
-        "oomdoc analyze snap.pickle --model",
+        "oomdoc analyze snap.pickle --config",
     ] {
         assert!(help.contains(needle), "budget --help lacks {needle:?}:\n{help}");
     }

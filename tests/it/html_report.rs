@@ -57,7 +57,7 @@ fn a_real_oom_page_leads_with_the_verdict_and_shows_the_timeline() {
         html.find("id=\"gpu-0\"").unwrap(),
     );
     assert!(v < f && f < g);
-    assert!(html.contains("GPU 0</strong>: GPU 0 ran out of memory asking for 16.0 MiB"), "the verdict, escaped");
+    assert!(html.contains("GPU 0</strong> ran out of memory asking for 16.0 MiB"), "the verdict, escaped");
     assert!(html.contains("<span class=\"oom\">OOM</span> needed a 16.0 MiB block"), "the OOM request");
     assert!(html.contains("[leaked-references]</code> — explains 2.44 GiB"));
     assert!(html.contains("<p class=\"fix\"><strong>Fix:</strong> Keep numbers, not tensors"));
