@@ -13,7 +13,7 @@ use oomdoc::rules::Severity;
 #[derive(Parser)]
 #[command(
     name = "oomdoc",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("OOMDOC_BUILD"), ")"),
     about = "Tells you why your GPU job ran out of memory, and what to change.",
     long_about = "Tells you why your GPU job ran out of memory, and what to change.\n\n\
         Give it what the failed job left behind, any mix, each recognised by its content:\n  \
@@ -65,14 +65,14 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Browse the timeline and the live allocations at any moment in the terminal (opens at the OOM).
     #[command(after_help = "Keys: ←/→ step, PgUp/PgDn page, o OOM, p peak, Home/End, Tab panel, ↑/↓ select,\n  \
-        Enter open, / filter, g group by stack, s sort, d next GPU, ? help, q quit.\n\n\
+        Enter every frame of the stack, / filter, g group by stack, s sort, d next GPU, ? help, q quit.\n\n\
         Example:\n  oomdoc tui mem_snapshot.pickle")]
     Tui(TuiArgs),
     /// Compare two runs (before and after a change): the peak, bytes by kind and by allocating stack, free memory,
     /// findings, allocator settings.
     #[command(after_help = "Examples:\n  \
         oomdoc diff before.pickle after.pickle\n  \
-        oomdoc diff main.pickle branch.pickle --fail-on-growth 5   # CI: exit 1 if the peak grew more than 5%\n  \
+        oomdoc diff main.pickle branch.pickle --fail-on-growth 5   # CI: exit 1 if the peak grew >5%\n  \
         oomdoc diff before.pickle after.pickle --format markdown -o memory-diff.md\n  \
         oomdoc diff main-report.json branch.pickle      # a report kept from the main branch's run")]
     Diff(DiffArgs),

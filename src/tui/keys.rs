@@ -143,6 +143,17 @@ pub fn bindings() -> Vec<Binding> {
     ]
 }
 
+/// The key table as Markdown, one row per binding with keys (the rows without keys continue the one above): what
+/// docs/GUIDE.md shows, checked against it by a test.
+pub fn markdown_table(table: &[Binding]) -> String {
+    let mut out = String::from("| keys | action |\n|---|---|\n");
+    for b in table.iter().filter(|b| !b.keys.is_empty()) {
+        let keys: Vec<String> = b.keys.split(' ').map(|k| format!("`{k}`")).collect();
+        out.push_str(&format!("| {} | {} |\n", keys.join(" "), b.help.replace('|', "\\|")));
+    }
+    out
+}
+
 /// The action for a key, outside filter typing.
 pub fn action_for(key: &KeyEvent, table: &[Binding]) -> Option<Action> {
     table.iter().find(|b| (b.matches)(key)).map(|b| b.action.clone())

@@ -13,6 +13,7 @@ mod bench_generator;
 mod budget;
 mod cli;
 mod diff;
+mod docs;
 mod generated_fixtures;
 mod golden;
 mod html_report;
