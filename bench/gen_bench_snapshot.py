@@ -976,6 +976,29 @@ def stats(path):
         "depth_max": max(depths),
         "keys": sorted({k for e in trace[:1000] for k in e}),
         "bytes_per_entry": round(os.path.getsize(path) / len(trace), 1),
+        **wrap_stats(data, trace),
+    }
+
+
+def wrap_stats(data, trace):
+    """How far the trace is from the start of the run (a wrapped ring buffer, or recording started late): the share
+    of the blocks live at the end it never saw allocated, of the segments it never saw created, and of its entries
+    that free an allocation it never saw."""
+    allocated, created, unseen_frees = set(), set(), 0
+    for e in trace:
+        a = e.get("action")
+        if a == "alloc":
+            allocated.add(e.get("addr"))
+        elif a == "segment_alloc" or a == "segment_map":
+            created.add(e.get("addr"))
+        elif a == "free_requested" and e.get("addr") not in allocated:
+            unseen_frees += 1
+    segs = [sg for sg in data.get("segments", []) if isinstance(sg, dict)]
+    live = [b for sg in segs for b in sg.get("blocks", []) if b.get("state") == "active_allocated"]
+    return {
+        "blocks_before_trace": round(sum(1 for b in live if b.get("address") not in allocated) / max(len(live), 1), 3),
+        "segments_before_trace": round(sum(1 for sg in segs if sg.get("address") not in created) / max(len(segs), 1), 3),
+        "frees_unseen_per_entry": round(unseen_frees / max(len(trace), 1), 4),
     }
 
 
@@ -1278,9 +1301,26 @@ def stream_unshared(f, pool, alloc, tr):
 # ----------------------------------------------------------------------------------------------------------
 # Driver, self-test, verification
 # ----------------------------------------------------------------------------------------------------------
-def generate(n, variant, out, writer="auto", quiet=False):
+def wrap_trace(tr, keep):
+    """The last `keep` entries: what a ring buffer of max_entries=keep holds after a longer run. The final segments
+    stay the whole run's, so the trace starts mid-way: blocks live from before it, frees of allocations it never
+    saw, segments it never saw created."""
+    out = Trace()
+    cut = len(tr) - keep
+    out.action = tr.action[cut:]
+    out.addr, out.size, out.time, out.stack = tr.addr[cut:], tr.size[cut:], tr.time[cut:], tr.stack[cut:]
+    return out
+
+
+def generate(n, variant, out, writer="auto", quiet=False, wrap=0.0):
     t0 = time.time()
-    pool, alloc, tr, peak = simulate(n)
+    if wrap:
+        # The run is longer than the buffer by `wrap` of it: 0.5 keeps the second half of a run twice as long.
+        pool, alloc, full, peak = simulate(int(n / (1 - wrap)))
+        tr = wrap_trace(full, n)
+        del full
+    else:
+        pool, alloc, tr, peak = simulate(n)
     t1 = time.time()
     if writer == "auto":
         writer = "pickle" if variant in ("shared", "real") else "stream"
@@ -1311,6 +1351,11 @@ def generate(n, variant, out, writer="auto", quiet=False):
         print("%s %d bytes (%.1f MB)" % (out, size, size / 1e6))
         if variant == "real":
             st = stats(out)
+            if wrap:
+                print("%s: wrapped: %.0f%% of the blocks live at the end allocated before the trace, %.0f%% of the "
+                      "segments created before it, %.2f%% of the entries free allocations it never saw"
+                      % (out, 100 * st["blocks_before_trace"], 100 * st["segments_before_trace"],
+                         100 * st["frees_unseen_per_entry"]))
             print("%s: %d entries, lists/entry %.3f, %d distinct stacks, %d frame dicts, depth median %s max %d, "
                   "%.1f bytes/entry, %.0f%% of allocations without frames, keys %s"
                   % (out, st["entries"], st["lists_per_entry"], st["distinct_stacks"], st["frame_dicts"],
@@ -1448,6 +1493,9 @@ def main():
     ap.add_argument("--stacks", choices=["all", "python"], default="all",
                     help="as torch's _record_memory_history(stacks=...): all (native and Python frames, default) "
                          "or python (Python frames only; the autograd engine's allocations get none)")
+    ap.add_argument("--wrap", type=float, default=0.0, metavar="FRACTION",
+                    help="a ring buffer that wrapped: the run is longer than the trace kept by this fraction of it "
+                         "(0.5: the trace is the second half of the run), as max_entries makes on any long run")
     ap.add_argument("--verify", metavar="PICKLE", help="load a generated file and check it")
     ap.add_argument("--selftest", action="store_true", help="stream writer == pickle.dump, byte for byte")
     a = ap.parse_args()
@@ -1468,7 +1516,9 @@ def main():
     STACK_DEPTH = a.depth
     d = os.path.dirname(os.path.abspath(a.output))
     os.makedirs(d, exist_ok=True)
-    generate(a.entries, a.variant, a.output, a.writer)
+    if not 0 <= a.wrap < 0.95:
+        ap.error("--wrap must be within 0..0.95")
+    generate(a.entries, a.variant, a.output, a.writer, wrap=a.wrap)
 
 
 if __name__ == "__main__":

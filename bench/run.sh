@@ -6,7 +6,9 @@
 # Generates any missing snapshot into bench/data/ (bench/gen_bench_snapshot.py): per size, `real` (what torch
 # writes: a fresh frames list per allocation, frame dicts shared), `real-python` (the same recorded with
 # stacks="python", as `oomdoc.record()` does: Python frames only, none for the autograd engine's allocations),
-# `shared` (one list per stack: a best case) and `unshared` (every frame dict written afresh: a worst case); for
+# `real-wrapped` (the same whose ring buffer wrapped: the second half of a run twice as long, so blocks live from
+# before the trace and frees of allocations it never saw, as max_entries makes on any long run), `shared` (one
+# list per stack: a best case) and `unshared` (every frame dict written afresh: a worst case); for
 # 1m also the real trace torch wrote on an H200 (bench/real/, unpacked into bench/data/). Then for each file
 # measures, in the same run:
 #   oomdoc:  target/release/oomdoc analyze --format json --no-progress FILE > /dev/null   (best of 3)
@@ -47,10 +49,11 @@ entries_of() { case "$1" in 100k) echo 100000 ;; 1m) echo 1000000 ;; esac; }
 
 # generate what is missing
 for sz in "${sizes[@]}"; do
-  for v in real real-python shared unshared; do
+  for v in real real-python real-wrapped shared unshared; do
     f="$DATA/snap-$sz-$v.pickle"
     args=(--variant "$v")
     if [ "$v" = real-python ]; then args=(--variant real --stacks python); fi
+    if [ "$v" = real-wrapped ]; then args=(--variant real --wrap 0.5); fi
     if [ ! -s "$f" ]; then
       echo "== generating $f" >&2
       "$PYTHON" bench/gen_bench_snapshot.py --entries "$(entries_of "$sz")" "${args[@]}" -o "$f" >&2 \
@@ -99,7 +102,8 @@ max() { awk -v a="$1" -v b="$2" 'BEGIN { print (a == "" || b + 0 > a + 0) ? b : 
 rows=()
 status=0
 for sz in "${sizes[@]}"; do
-  files=("$DATA/snap-$sz-real.pickle" "$DATA/snap-$sz-real-python.pickle" "$DATA/snap-$sz-shared.pickle")
+  files=("$DATA/snap-$sz-real.pickle" "$DATA/snap-$sz-real-python.pickle" "$DATA/snap-$sz-real-wrapped.pickle"
+    "$DATA/snap-$sz-shared.pickle")
   if [ "$sz" = 1m ]; then files+=("$REAL_TRACE"); fi
   # Last: Python's 8 GB for the 1M unshared file pushes the other files out of the page cache.
   files+=("$DATA/snap-$sz-unshared.pickle")

@@ -192,14 +192,16 @@ impl Job {
             // One file: its own bar, by bytes. Several: one bar over the ranks.
             let one_file_bar = self.options.load.show_progress && self.deferred.len() == 1;
             let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(self.deferred.len());
-            ingest::reading_at_once(workers);
+            // Several snapshots read at once already take the cores: a helper thread per read would only compete.
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let split = self.options.load.split_read.filter(|_| 2 * workers <= cores);
             std::thread::scope(|s| {
                 for _ in 0..workers {
                     s.spawn(|| loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some((seq, path)) = self.deferred.get(i) else { break };
                         let t0 = Instant::now();
-                        let result = ingest::load_deferred(path, joiner, one_file_bar).and_then(|tl| {
+                        let result = ingest::load_deferred(path, joiner, one_file_bar, split).and_then(|tl| {
                             if self.options.timing {
                                 eprintln!(
                                     "oomdoc: read {} in {:.3} s{}",
@@ -207,6 +209,12 @@ impl Job {
                                     t0.elapsed().as_secs_f64(),
                                     peak_rss()
                                 );
+                                if let Some((records, from, to)) = tl.split_read {
+                                    eprintln!(
+                                        "oomdoc: a helper thread read {records} trace entries, bytes {from}..{to} of {}",
+                                        path.display()
+                                    );
+                                }
                             }
                             self.analyse_timeline(&tl).map(&each)
                         });
@@ -217,7 +225,6 @@ impl Job {
                     });
                 }
             });
-            ingest::reading_at_once(0);
             if let Some(bar) = bar {
                 bar.finish_and_clear();
             }

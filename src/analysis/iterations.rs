@@ -169,9 +169,6 @@ fn repeating_stacks(events: &[Event], nested: &dyn Fn(&[StackId]) -> bool) -> Op
         let body = |s: StackId| f64::from(seen_in[s as usize]) >= BODY_SHARE * passes as f64;
         let covered = allocs[lo..hi].iter().filter(|a| body(a.1)).count();
         let coverage = covered as f64 / (hi - lo) as f64;
-        if std::env::var_os("OOMDOC_DEBUG_ITER").is_some() {
-            eprintln!("anchor {anchor} passes {passes} span {lo}..{hi} of {} coverage {coverage:.3}", allocs.len());
-        }
         if coverage < MIN_COVERAGE {
             continue;
         }
@@ -195,9 +192,6 @@ fn repeating_stacks(events: &[Event], nested: &dyn Fn(&[StackId]) -> bool) -> Op
     lengths.sort_unstable();
     let pass = lengths.get(lengths.len() / 2).copied().unwrap_or(0);
     let tail = events.len() - 1 - ends.last().copied().unwrap_or(0);
-    if std::env::var_os("OOMDOC_DEBUG_ITER").is_some() {
-        eprintln!("pass {pass} tail {tail}");
-    }
     (tail <= TAIL_PASSES * pass.max(1)).then_some(ends)
 }
 

@@ -148,7 +148,7 @@ pub fn summary(a: &Analysis) -> ReportedRank {
     let input = a
         .inputs
         .iter()
-        .find(|i| i.kind == "pytorch_snapshot")
+        .find(|i| i.kind == crate::timeline::InputKind::PytorchSnapshot)
         .or(a.inputs.first())
         .map_or_else(String::new, |i| i.path.clone());
     let devices = a
@@ -187,7 +187,7 @@ pub fn summary(a: &Analysis) -> ReportedRank {
         .iter()
         .map(|f| ReportedFinding {
             rule: f.rule.clone(),
-            severity: f.severity.name().to_string(),
+            severity: f.severity,
             title: f.title.clone(),
             device: f.device,
             bytes: f.bytes,
@@ -195,14 +195,6 @@ pub fn summary(a: &Analysis) -> ReportedRank {
         })
         .collect();
     ReportedRank { input, devices, findings }
-}
-
-fn severity(s: &str) -> Severity {
-    match s {
-        "error" => Severity::Error,
-        "warning" => Severity::Warning,
-        _ => Severity::Info,
-    }
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -373,7 +365,7 @@ fn merged_findings(ranks_in: &[ReportedRank], ranks: &[RankRow]) -> Vec<MergedFi
     for (i, a) in ranks_in.iter().enumerate() {
         for f in &a.findings {
             let Some(rank) = rank_of(i, f.device) else { continue };
-            let sev = severity(&f.severity);
+            let sev = f.severity;
             match merged.iter_mut().find(|(m, _)| m.rule == f.rule) {
                 Some((m, lines)) => {
                     if !m.ranks.contains(&rank) {

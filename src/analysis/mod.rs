@@ -235,39 +235,7 @@ impl Pool {
     }
 }
 
-/// How bad a finding is; findings at or above `--fail-on` make the exit code 1.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    Info,
-    Warning,
-    Error,
-}
-
-impl Severity {
-    pub fn name(self) -> &'static str {
-        match self {
-            Severity::Info => "info",
-            Severity::Warning => "warning",
-            Severity::Error => "error",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Severity> {
-        Some(match s {
-            "info" => Severity::Info,
-            "warning" => Severity::Warning,
-            "error" => Severity::Error,
-            _ => return None,
-        })
-    }
-}
-
-impl std::fmt::Display for Severity {
-    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.pad(self.name())
-    }
-}
+pub use crate::timeline::Severity;
 
 #[derive(Debug, Serialize, Clone)]
 pub struct Finding {

@@ -31,11 +31,10 @@ pub struct Comparison {
     pub outside_allocator_bytes: u64,
 }
 
+/// The live bytes of a category at the report's moment, from the report's own `by_category` (typed: a renamed fact
+/// cannot silently zero the comparison).
 fn live(d: &DeviceReport, cat: &str) -> u64 {
-    match d.facts.get(&format!("live.{cat}_bytes")).map(|f| &f.value) {
-        Some(Val::Num(n)) => n.max(0.0) as u64,
-        _ => 0,
-    }
+    d.by_category.iter().filter(|c| c.category == cat).map(|c| c.bytes).sum()
 }
 
 fn num(d: &mut DeviceReport, name: &str, v: f64, unit: Unit, doc: &'static str) {

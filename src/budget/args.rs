@@ -272,7 +272,7 @@ impl RunArgs {
             max_batched_tokens: self.max_batched_tokens,
             grad_accumulation: 1,
         };
-        run.validate().map_err(Error::Usage)?;
+        run.validate().map_err(|e| Error::Usage(e.0))?;
         Ok(run)
     }
 }

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::model::{count, Dtype, Model, Shape};
-use super::run::{Checkpointing, MixedPrecision, Mode, Offload, Optimizer, Run};
+use super::run::{Checkpointing, InvalidRun, MixedPrecision, Mode, Offload, Optimizer, Run};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -144,7 +144,7 @@ fn adafactor_bytes(shape: &Shape) -> u128 {
 }
 
 /// Computes the per-GPU budget. Errors name the flag that is missing or inconsistent.
-pub fn estimate(model: &Model, run: &Run) -> Result<Estimate, String> {
+pub fn estimate(model: &Model, run: &Run) -> Result<Estimate, InvalidRun> {
     let mut e = Estimate::default();
     match run.mode {
         Mode::Train => training(model, run, &mut e)?,
@@ -170,7 +170,7 @@ pub fn estimate(model: &Model, run: &Run) -> Result<Estimate, String> {
     Ok(e)
 }
 
-fn training(model: &Model, run: &Run, e: &mut Estimate) -> Result<(), String> {
+fn training(model: &Model, run: &Run, e: &mut Estimate) -> Result<(), InvalidRun> {
     let p = local(model.parameters, run);
     let dp = run.data_parallel() as u128;
     let split = split_note(run);
@@ -187,7 +187,9 @@ fn training(model: &Model, run: &Run, e: &mut Estimate) -> Result<(), String> {
 
     let (trainable, adapters) = match run.lora {
         Some(l) => {
-            let s = shape.ok_or("--lora/--qlora needs the model's shape (--config, or --layers/--hidden/…)")?;
+            let s = shape.ok_or_else(|| {
+                InvalidRun("--lora/--qlora needs the model's shape (--config, or --layers/--hidden/…)".into())
+            })?;
             let n = local(lora_params(s, l.rank), run);
             (n, Some((l, n)))
         }
@@ -277,8 +279,11 @@ fn training(model: &Model, run: &Run, e: &mut Estimate) -> Result<(), String> {
                 (n * 4, format!("≈ A · 4 = {} · 4", thousands(n)), "Adafactor on the adapters (upper bound)")
             }
             None => {
-                let s =
-                    shape.ok_or("--optimizer adafactor needs the model's shape (--config, or --layers/--hidden/…)")?;
+                let s = shape.ok_or_else(|| {
+                    InvalidRun(
+                        "--optimizer adafactor needs the model's shape (--config, or --layers/--hidden/…)".into(),
+                    )
+                })?;
                 (
                     local_bytes(adafactor_bytes(s), run),
                     "Σ over matrices (rows + cols) · 4 B + vectors · 4 B".into(),
@@ -463,7 +468,7 @@ fn activations(s: &Shape, b: u64, t: u64, run: &Run, e: &mut Estimate) {
     );
 }
 
-fn inference(model: &Model, run: &Run, e: &mut Estimate) -> Result<(), String> {
+fn inference(model: &Model, run: &Run, e: &mut Estimate) -> Result<(), InvalidRun> {
     let tp = run.tensor_parallel as u128;
     let p = local(model.parameters, run);
     let shape = model.shape.as_ref();

@@ -75,8 +75,8 @@ pub struct Paged {
 /// Builds the budget for `model` running as `run`, with a verdict when `gpu` is known; the solver may raise the
 /// GPU count up to `max_gpus`.
 pub fn plan(model: Model, run: Run, gpu: Option<Gpu>, max_gpus: u64) -> Result<Budget, Error> {
-    run.validate().map_err(Error::Usage)?;
-    let est = estimate(&model, &run).map_err(Error::Usage)?;
+    run.validate().map_err(|e| Error::Usage(e.0))?;
+    let est = estimate(&model, &run).map_err(|e| Error::Usage(e.0))?;
     let total = est.total();
     let mut notes = model.notes.clone();
     if let (Some(seq), Some(max)) = (run.seq, model.max_position_embeddings) {

@@ -159,9 +159,9 @@ impl Run {
     }
 
     /// Checks the combination; the error is one line for the command line.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidRun> {
         if self.gpus == 0 || self.tensor_parallel == 0 || self.pipeline_parallel == 0 {
-            return Err("--gpus, --tp and --pp must be at least 1".into());
+            return Err(InvalidRun("--gpus, --tp and --pp must be at least 1".into()));
         }
         // Beyond these no run exists, and the budget's products (s·b·h·a·s…) must stay inside 128 bits.
         for (flag, v, max) in [
@@ -175,41 +175,43 @@ impl Run {
             ("--lora/--qlora rank", self.lora.map_or(1, |l| l.rank), 1 << 20),
         ] {
             if v > max {
-                return Err(format!("{flag} {v} is larger than any run's (at most {max})"));
+                return Err(InvalidRun(format!("{flag} {v} is larger than any run's (at most {max})")));
             }
         }
         if !self.gpus.is_multiple_of(self.tensor_parallel * self.pipeline_parallel) {
-            return Err(format!(
+            return Err(InvalidRun(format!(
                 "--gpus {} is not a multiple of --tp {} × --pp {}",
                 self.gpus, self.tensor_parallel, self.pipeline_parallel
-            ));
+            )));
         }
         if self.zero > 3 {
-            return Err(format!("--zero {}: ZeRO stages are 0, 1, 2 and 3", self.zero));
+            return Err(InvalidRun(format!("--zero {}: ZeRO stages are 0, 1, 2 and 3", self.zero)));
         }
         if self.offload == Offload::Params && self.zero != 3 {
-            return Err("--offload params streams ZeRO-3 / FSDP shards from the CPU: add --zero 3".into());
+            return Err(InvalidRun("--offload params streams ZeRO-3 / FSDP shards from the CPU: add --zero 3".into()));
         }
         if self.mode == Mode::Train && !self.dtype.is_float() {
-            return Err(format!(
+            return Err(InvalidRun(format!(
                 "--dtype {} trains nothing: use bf16/fp16/fp32 (with --qlora R for a 4-bit base)",
                 self.dtype.name()
-            ));
+            )));
         }
         if self.mode == Mode::Infer && (self.lora.is_some() || self.offload != Offload::None || self.zero > 0) {
-            return Err("--lora, --qlora, --offload and --zero are training options; drop them with --infer".into());
-        }
-        if !(self.gpu_memory_utilization > 0.0 && self.gpu_memory_utilization <= 1.0) {
-            return Err(format!(
-                "--gpu-memory-utilization {}: expected a fraction in (0, 1]",
-                self.gpu_memory_utilization
+            return Err(InvalidRun(
+                "--lora, --qlora, --offload and --zero are training options; drop them with --infer".into(),
             ));
         }
+        if !(self.gpu_memory_utilization > 0.0 && self.gpu_memory_utilization <= 1.0) {
+            return Err(InvalidRun(format!(
+                "--gpu-memory-utilization {}: expected a fraction in (0, 1]",
+                self.gpu_memory_utilization
+            )));
+        }
         if self.block_size == 0 || self.max_batched_tokens == 0 {
-            return Err("--block-size and --max-batched-tokens must be positive".into());
+            return Err(InvalidRun("--block-size and --max-batched-tokens must be positive".into()));
         }
         if self.batch == Some(0) || self.seq == Some(0) {
-            return Err("--batch and --seq must be positive".into());
+            return Err(InvalidRun("--batch and --seq must be positive".into()));
         }
         Ok(())
     }
@@ -266,3 +268,8 @@ impl Run {
         parts.join(" · ")
     }
 }
+
+/// A run the flags describe that cannot be: which flags, and why (one line for the command line).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidRun(pub String);

@@ -260,6 +260,7 @@ impl InputArgs {
                     max_ratio: self.max_ratio,
                 },
                 defer_snapshot_files: false,
+                split_read: split_read_from_env(),
             },
             analysis: Options {
                 at: self.at.clone(),
@@ -296,4 +297,19 @@ pub fn command() -> clap::Command {
 pub fn parse() -> Result<Cli, clap::Error> {
     use clap::FromArgMatches;
     Cli::from_arg_matches(&command().try_get_matches()?)
+}
+
+/// How a long trace is read, from the environment (for measurements and the tests): `OOMDOC_SPLIT=0` reads on one
+/// thread, `OOMDOC_SPLIT_MIN_BYTES` sets the size from which a second core helps (default 32 MiB), and
+/// `OOMDOC_SPLIT_PATIENT=1` makes the helper read its whole part whatever the timing.
+fn split_read_from_env() -> Option<oomdoc::ingest::SplitRead> {
+    if std::env::var_os("OOMDOC_SPLIT").is_some_and(|v| v == "0") {
+        return None;
+    }
+    let mut split = oomdoc::ingest::SplitRead::default();
+    if let Some(min) = std::env::var("OOMDOC_SPLIT_MIN_BYTES").ok().and_then(|v| v.parse().ok()) {
+        split.min_bytes = min;
+    }
+    split.patient = std::env::var_os("OOMDOC_SPLIT_PATIENT").is_some_and(|v| v == "1");
+    Some(split)
 }

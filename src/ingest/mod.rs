@@ -22,7 +22,7 @@ use std::path::Path;
 
 use crate::timeline::clock::{self, ClockOptions};
 use crate::timeline::profile::ProfileData;
-use crate::timeline::{InputInfo, Malformed, OomMessage, ServingLog, Timeline};
+use crate::timeline::{InputInfo, InputKind, Malformed, OomMessage, ServingLog, Timeline};
 use crate::Error;
 
 /// Why an input could not be read; the error around it ([`Error::Input`]) names the file.
@@ -84,8 +84,24 @@ pub enum Kind {
     Report,
 }
 
+/// Whether a long snapshot's trace may be read in two parts at once, on two cores (see `pickle::split`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitRead {
+    /// Files smaller than this are read on one thread: a second pays only on a long trace.
+    pub min_bytes: u64,
+    /// The helper reads its whole part whatever the timing (the tests' setting; otherwise it gives up its part when
+    /// the main thread catches up).
+    pub patient: bool,
+}
+
+impl Default for SplitRead {
+    fn default() -> SplitRead {
+        SplitRead { min_bytes: 32 << 20, patient: false }
+    }
+}
+
 /// How to read a job's artifacts.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct LoadOptions {
     pub show_progress: bool,
     /// Forces every file's kind.
@@ -100,6 +116,24 @@ pub struct LoadOptions {
     /// Snapshots that are plain files are only recognised, not read: the job reads them later, several at a time,
     /// and lets each go once analysed (a job of many ranks in bounded memory). See [`Loaded::deferred`].
     pub defer_snapshot_files: bool,
+    /// A long plain snapshot file's trace read in two parts at once (`None`: on one thread). The job turns it off
+    /// where it reads several snapshots at once and they would only compete for the cores.
+    pub split_read: Option<SplitRead>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> LoadOptions {
+        LoadOptions {
+            show_progress: false,
+            kind: None,
+            strict: false,
+            columns: None,
+            clock: ClockOptions::default(),
+            limits: unpack::Limits::default(),
+            defer_snapshot_files: false,
+            split_read: Some(SplitRead::default()),
+        }
+    }
 }
 
 /// What a job's readers collect: a timeline per snapshot, and what the other artifacts said.
@@ -242,8 +276,13 @@ impl Joiner {
 }
 
 /// Reads a snapshot file the job deferred, joined with the job's text artifacts.
-pub fn load_deferred(path: &Path, joiner: &Joiner, show_progress: bool) -> Result<Timeline, Error> {
-    let mut tl = load(path, show_progress)?;
+pub fn load_deferred(
+    path: &Path,
+    joiner: &Joiner,
+    show_progress: bool,
+    split: Option<SplitRead>,
+) -> Result<Timeline, Error> {
+    let mut tl = load(path, show_progress, split)?;
     joiner.prepare(&mut tl);
     Ok(tl)
 }
@@ -267,35 +306,8 @@ const MALFORMED_SHOWN: usize = 5;
 /// Files at least this large get a progress bar (when stderr is a terminal).
 const PROGRESS_MIN_BYTES: u64 = 64 << 20;
 
-/// Snapshots being read at once in this process (a job's ranks are read in parallel), and how many a job is about to
-/// read at once (its workers start one after the other, so the count alone would let the first believe it is alone).
-static READING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static PLANNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// Says that `n` snapshots are about to be read at once, each on its own thread.
-pub fn reading_at_once(n: usize) {
-    PLANNED.store(n, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Counts a snapshot read while it lasts.
-struct Reading;
-
-impl Reading {
-    fn start() -> Reading {
-        READING.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Reading
-    }
-}
-
-impl Drop for Reading {
-    fn drop(&mut self) {
-        READING.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// Reads one artifact into a timeline, recognising its format by content.
-pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
-    let _reading = Reading::start();
+/// Reads a snapshot file into a timeline; with `split`, a long trace's later part on a second core.
+pub fn load(path: &Path, show_progress: bool, split: Option<SplitRead>) -> Result<Timeline, Error> {
     let shown = path.display().to_string();
     let io_err = |source| Error::Io { path: shown.clone(), source };
     let mut file = File::open(path).map_err(io_err)?;
@@ -316,7 +328,7 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
     let file = File::open(path).map_err(io_err)?;
     let progress = progress_bar(show_progress, len, &shown);
     let callback = progress.clone().map(|bar| Box::new(move |pos: u64| bar.set_position(pos)) as Box<dyn FnMut(u64)>);
-    let split = split_source(path, len);
+    let split = split.and_then(|s| split_source(path, len, s));
     let result = match read_ahead::ReadAhead::start(file) {
         Ok(ahead) => snapshot::read_split(ahead, len, callback, split),
         Err(file) => snapshot::read_split(file, len, callback, split),
@@ -325,13 +337,11 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
         bar.finish_and_clear();
     }
     let snap = result.map_err(|e| Error::Input { path: shown.clone(), source: e.into() })?;
-    if let (Some(s), Some(_)) = (snap.split, std::env::var_os("OOMDOC_TIMING")) {
-        eprintln!("oomdoc: a helper thread read {} trace entries, bytes {}..{} of {shown}", s.records, s.from, s.to);
-    }
     let mut tl = snap.timeline;
+    tl.split_read = snap.split.map(|s| (s.records, s.from, s.to));
     tl.inputs.push(InputInfo {
         path: shown,
-        kind: "pytorch_snapshot",
+        kind: InputKind::PytorchSnapshot,
         format_version: snap.format_version,
         bytes: len,
         pickle_protocol: Some(snap.protocol),
@@ -340,22 +350,10 @@ pub fn load(path: &Path, show_progress: bool) -> Result<Timeline, Error> {
     Ok(tl)
 }
 
-/// Files smaller than this are read on one thread: a second pays only on a long trace.
-const SPLIT_MIN_BYTES: u64 = 32 << 20;
-
-/// How a plain file's trace may be read in two parts at once (see `pickle::split`): by opening it again. Off with
-/// `OOMDOC_SPLIT=0`, below `OOMDOC_SPLIT_MIN_BYTES` (default 32 MiB), and when the snapshots being read at once
-/// already take half the cores or more (a job's ranks: a helper thread per read would only compete). With
-/// `OOMDOC_SPLIT_PATIENT=1` the helper reads its whole part whatever the timing (the tests' setting).
-fn split_source(path: &Path, len: u64) -> Option<pickle::SplitSource> {
-    if std::env::var_os("OOMDOC_SPLIT").is_some_and(|v| v == "0") {
-        return None;
-    }
-    let min = std::env::var("OOMDOC_SPLIT_MIN_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(SPLIT_MIN_BYTES);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let at_once =
-        READING.load(std::sync::atomic::Ordering::Relaxed).max(PLANNED.load(std::sync::atomic::Ordering::Relaxed));
-    if len < min || 2 * at_once > cores {
+/// How a plain file's trace is read in two parts at once (see `pickle::split`): by opening it again, for files of
+/// `split.min_bytes` or more.
+fn split_source(path: &Path, len: u64, split: SplitRead) -> Option<pickle::SplitSource> {
+    if len < split.min_bytes {
         return None;
     }
     let path = path.to_path_buf();
@@ -365,8 +363,7 @@ fn split_source(path: &Path, len: u64) -> Option<pickle::SplitSource> {
         f.seek(std::io::SeekFrom::Start(offset))?;
         Ok(Box::new(f) as Box<dyn Read + Send>)
     });
-    let patient = std::env::var_os("OOMDOC_SPLIT_PATIENT").is_some_and(|v| v == "1");
-    Some(pickle::SplitSource { reopen, len, patient })
+    Some(pickle::SplitSource { reopen, len, patient: split.patient })
 }
 
 /// A progress bar over `len` bytes of `name`, when asked for, on a terminal, and the input is big enough to wait.
@@ -430,7 +427,7 @@ fn load_stream(input: reader::Input, show_progress: bool) -> Result<Timeline, Er
     let mut tl = snap.timeline;
     tl.inputs.push(InputInfo {
         path: shown,
-        kind: "pytorch_snapshot",
+        kind: InputKind::PytorchSnapshot,
         format_version: snap.format_version,
         bytes: snap.bytes,
         pickle_protocol: Some(snap.protocol),

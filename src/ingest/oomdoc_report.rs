@@ -87,7 +87,11 @@ pub fn parse(text: &str, name: &str) -> Result<Vec<ReportedRank>, ReadError> {
             fs.iter()
                 .map(|f| ReportedFinding {
                     rule: str_of(f, "rule").unwrap_or_default(),
-                    severity: str_of(f, "severity").unwrap_or_default(),
+                    severity: f
+                        .get("severity")
+                        .and_then(Value::as_str)
+                        .and_then(crate::timeline::Severity::parse)
+                        .unwrap_or(crate::timeline::Severity::Info),
                     title: str_of(f, "title").unwrap_or_default(),
                     device: f.get("device").and_then(Value::as_i64),
                     bytes: f.get("bytes").and_then(Value::as_u64),

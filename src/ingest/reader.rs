@@ -10,7 +10,7 @@ use super::unpack::Counted;
 use super::{ncu, note_malformed, nsys, nsys_sqlite, nvidia_smi, oom_log, snapshot, vllm_log};
 use super::{Collected, Kind, LoadOptions, ReadError};
 use crate::timeline::profile::ProfileSource;
-use crate::timeline::{InputInfo, Malformed};
+use crate::timeline::{InputInfo, InputKind, Malformed};
 use crate::Error;
 
 /// What detection sees of an input: its name, its first bytes, and (for the readers of text formats) its text.
@@ -262,7 +262,7 @@ impl Reader for SnapshotReader {
                 job.defer_snapshot(path);
                 return Ok(());
             }
-            Some(path) => super::load(path, opts.show_progress)?,
+            Some(path) => super::load(path, opts.show_progress, opts.split_read)?,
             None => super::load_stream(input, opts.show_progress)?,
         };
         job.push_snapshot(tl);
@@ -308,7 +308,7 @@ impl Reader for LogReader {
         let mut info = InputInfo {
             path: shown.clone(),
             compression,
-            kind: "log",
+            kind: InputKind::Log,
             format_version: String::new(),
             bytes: text.len() as u64,
             ..InputInfo::default()
@@ -323,7 +323,7 @@ impl Reader for LogReader {
             ));
         }
         if !serving.is_empty() {
-            info.kind = "vllm_log";
+            info.kind = InputKind::VllmLog;
             let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
             let mut parts = Vec::new();
             let c = &serving.capacity;
@@ -370,7 +370,7 @@ impl Reader for NvidiaSmiReader {
         let mut info = InputInfo {
             path: shown,
             compression,
-            kind: "nvidia_smi",
+            kind: InputKind::NvidiaSmi,
             format_version: String::new(),
             bytes: text.len() as u64,
             read: p.read,
@@ -414,7 +414,7 @@ impl Reader for NsysSqliteReader {
             }
         };
         let data = data.map_err(|e| Error::Input { path: shown.clone(), source: e.into() })?;
-        let mut info = profile_input(&shown, "nsys_sqlite", bytes, &data.sources);
+        let mut info = profile_input(&shown, InputKind::NsysSqlite, bytes, &data.sources);
         info.compression = compression;
         note_malformed(&mut info, profile_malformed(&data.sources), strict)?;
         job.profile.merge(data);
@@ -444,7 +444,7 @@ impl Reader for NsysReader {
         job.inputs.push(InputInfo {
             path: shown,
             compression,
-            kind: "nsys",
+            kind: InputKind::Nsys,
             bytes: text.len() as u64,
             format_version: String::new(),
             ..InputInfo::default()
@@ -470,7 +470,7 @@ impl Reader for NcuReader {
         let job = &mut job.text;
         let data =
             ncu::parse(&text, Some(&name)).map_err(|e| Error::Input { path: shown.clone(), source: e.into() })?;
-        let mut info = profile_input(&shown, "ncu", text.len() as u64, &data.sources);
+        let mut info = profile_input(&shown, InputKind::Ncu, text.len() as u64, &data.sources);
         info.compression = compression;
         note_malformed(&mut info, profile_malformed(&data.sources), opts.strict)?;
         job.profile.merge(data);
@@ -479,7 +479,7 @@ impl Reader for NcuReader {
     }
 }
 
-fn profile_input(path: &str, kind: &'static str, bytes: u64, sources: &[ProfileSource]) -> InputInfo {
+fn profile_input(path: &str, kind: InputKind, bytes: u64, sources: &[ProfileSource]) -> InputInfo {
     let several = sources.len() > 1;
     let mut info =
         InputInfo { path: path.to_string(), kind, bytes, format_version: String::new(), ..InputInfo::default() };
@@ -508,7 +508,7 @@ pub(super) fn finish_nsys_files(opts: &LoadOptions, out: &mut super::TextArtifac
     for (i, name, _) in &files {
         let sources: Vec<ProfileSource> = data.sources.iter().filter(|s| &s.name == name).cloned().collect();
         let info = &mut out.inputs[*i];
-        let filled = profile_input(&info.path, "nsys", info.bytes, &sources);
+        let filled = profile_input(&info.path, InputKind::Nsys, info.bytes, &sources);
         info.format_version = filled.format_version;
         info.read = filled.read;
         info.skipped = filled.skipped;
@@ -523,7 +523,7 @@ pub(super) fn read_nsys_dir(dir: &Path, opts: &LoadOptions, job: &mut Collected)
     let out = &mut job.text;
     let shown = dir.display().to_string();
     let data = nsys::read_dir(dir).map_err(|e| Error::Input { path: shown.clone(), source: ReadError::NsysDir(e) })?;
-    let mut info = profile_input(&shown, "nsys", 0, &data.sources);
+    let mut info = profile_input(&shown, InputKind::Nsys, 0, &data.sources);
     note_malformed(&mut info, profile_malformed(&data.sources), opts.strict)?;
     out.profile.merge(data);
     out.inputs.push(info);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::reader::{detect_reader, reader_for, unrecognised, Input, Stream};
 use super::{Collected, LoadOptions, ReadError};
-use crate::timeline::InputInfo;
+use crate::timeline::{InputInfo, InputKind};
 use crate::Error;
 
 /// How much an archive may unpack to, and hold. `--max-members`, `--max-unpacked` set the first two.
@@ -324,13 +324,13 @@ fn io_err(name: &str, e: io::Error) -> Error {
 /// What a container (archive or folder) read and skipped, as an input of its own in the report.
 fn container_info(
     name: &str,
-    kind: &'static str,
+    kind: InputKind,
     format: &str,
     bytes: u64,
     read: usize,
     skipped: Vec<String>,
 ) -> InputInfo {
-    let what = if kind == "folder" { "file" } else { "member" };
+    let what = if kind == InputKind::Folder { "file" } else { "member" };
     let mut info = InputInfo {
         path: name.to_string(),
         kind,
@@ -405,7 +405,7 @@ fn read_tar(
         return Err(Error::Input { path: name.to_string(), source: ReadError::NothingInArchive(skipped.len()) });
     }
     job.order_by_name_since(first_seq);
-    job.text.inputs.push(container_info(name, "archive", format, total, read, skipped));
+    job.text.inputs.push(container_info(name, InputKind::Archive, format, total, read, skipped));
     Ok(())
 }
 
@@ -471,7 +471,7 @@ fn read_zip(path: &Path, opts: &LoadOptions, job: &mut Collected, budget: &Budge
         return Err(Error::Input { path: name, source: ReadError::NothingInArchive(skipped.len()) });
     }
     job.order_by_name_since(first_seq);
-    job.text.inputs.push(container_info(&name, "archive", "zip", total, read, skipped));
+    job.text.inputs.push(container_info(&name, InputKind::Archive, "zip", total, read, skipped));
     Ok(())
 }
 
@@ -520,7 +520,7 @@ fn read_folder(dir: &Path, opts: &LoadOptions, job: &mut Collected) -> Result<()
     if read == 0 && job.failed.is_empty() {
         return Err(Error::Input { path: name, source: ReadError::NothingInFolder(files.len()) });
     }
-    job.text.inputs.push(container_info(&name, "folder", "folder", 0, read, skipped));
+    job.text.inputs.push(container_info(&name, InputKind::Folder, "folder", 0, read, skipped));
     Ok(())
 }
 

@@ -38,7 +38,7 @@ pub fn category_part(c: &CategoryBytes, allocated: u64) -> String {
 pub fn input_line(i: &InputInfo) -> String {
     let mut s = match i.pickle_protocol {
         Some(p) => format!("{}, {}, pickle protocol {p}", i.format_version, bytes(i.bytes)),
-        None => format!("{}, {}", input_kind_words(i.kind), bytes(i.bytes)),
+        None => format!("{}, {}", i.kind.words(), bytes(i.bytes)),
     };
     if !i.read.is_empty() {
         s.push_str(&format!("; read: {}", i.read.join("; ")));
@@ -57,14 +57,6 @@ pub fn input_line(i: &InputInfo) -> String {
         ));
     }
     s
-}
-
-fn input_kind_words(kind: &str) -> String {
-    match kind {
-        "nvidia_smi" => "nvidia-smi".into(),
-        "vllm_log" => "vLLM log".into(),
-        k => k.replace('_', " "),
-    }
 }
 
 fn opt_bytes(b: Option<u64>) -> String {

@@ -5,6 +5,7 @@ pub mod observed;
 pub mod profile;
 pub mod replay;
 pub mod reported;
+pub use reported::Severity;
 pub mod stacks;
 
 use serde::Serialize;
@@ -346,10 +347,43 @@ pub struct Annotation {
 }
 
 /// Where the data came from.
+/// What an input is, as the JSON names it (`pytorch_snapshot`, `nvidia_smi`, …).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputKind {
+    #[default]
+    PytorchSnapshot,
+    Log,
+    VllmLog,
+    NvidiaSmi,
+    Nsys,
+    NsysSqlite,
+    Ncu,
+    Archive,
+    Folder,
+}
+
+impl InputKind {
+    /// As a report's input line says it.
+    pub fn words(self) -> &'static str {
+        match self {
+            InputKind::PytorchSnapshot => "pytorch snapshot",
+            InputKind::Log => "log",
+            InputKind::VllmLog => "vLLM log",
+            InputKind::NvidiaSmi => "nvidia-smi",
+            InputKind::Nsys => "nsys",
+            InputKind::NsysSqlite => "nsys sqlite",
+            InputKind::Ncu => "ncu",
+            InputKind::Archive => "archive",
+            InputKind::Folder => "folder",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct InputInfo {
     pub path: String,
-    pub kind: &'static str,
+    pub kind: InputKind,
     pub format_version: String,
     pub bytes: u64,
     pub pickle_protocol: Option<u8>,
@@ -392,6 +426,9 @@ pub struct Timeline {
     pub clock: Option<clock::ClockReport>,
     /// What Nsight Systems and Nsight Compute exports of the job said.
     pub profile: profile::ProfileData,
+    /// The part of the trace a helper thread read (entries, first byte, last byte), when the file was read in two
+    /// parts: said with the job's timings, part of no report.
+    pub split_read: Option<(u32, u64, u64)>,
 }
 
 /// What the capture settings recorded, inferred from the file.

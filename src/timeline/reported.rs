@@ -33,11 +33,45 @@ pub struct ReportedDevice {
 #[derive(Clone, Debug, Default)]
 pub struct ReportedFinding {
     pub rule: String,
-    /// `info`, `warning` or `error`.
-    pub severity: String,
+    pub severity: Severity,
     pub title: String,
     pub device: Option<i64>,
     pub bytes: Option<u64>,
     /// The line the finding points at (a subject's `caller` or `where` in its evidence).
     pub line: Option<String>,
+}
+
+/// How bad a finding is; findings at or above `--fail-on` make the exit code 1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    #[default]
+    Info,
+    Warning,
+    Error,
+}
+
+impl Severity {
+    pub fn name(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Severity> {
+        Some(match s {
+            "info" => Severity::Info,
+            "warning" => Severity::Warning,
+            "error" => Severity::Error,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for Severity {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.pad(self.name())
+    }
 }

@@ -87,6 +87,8 @@ pub struct DeviceCtx<'t> {
     pub device: i64,
     pub replay: Replay<'t>,
     pub oom: Option<u32>,
+    /// The event the analysis's report of this GPU describes (the OOM, else the peak): where its findings point.
+    pub reported_at: Option<u32>,
 }
 
 pub struct App<'t> {
@@ -141,6 +143,7 @@ impl<'t> App<'t> {
                     None => Replay::new(d, tl.settings.as_ref()),
                 },
                 oom: d.events.iter().rposition(|e| e.action == Ev::Oom).map(|i| i as u32),
+                reported_at: analysis.devices.iter().find(|r| r.device == d.device).and_then(|r| r.event_index),
             })
             .collect();
         let mut app = App {
@@ -362,16 +365,14 @@ impl<'t> App<'t> {
                 Panel::Segments | Panel::Profile => {}
                 Panel::Findings => {
                     if let Some(f) = self.findings.get(self.selected) {
-                        let to_oom = f.evidence.get("oom.present").is_some()
-                            || f.evidence.as_object().is_some_and(|o| o.keys().any(|k| k.starts_with("oom.")));
                         if let Some(i) = self.devices.iter().position(|d| Some(d.device) == f.device) {
                             if i != self.dev {
                                 self.open_device(i);
                             }
                         }
                         let d = self.device();
-                        let target = if to_oom { d.and_then(|d| d.oom) } else { None }
-                            .or_else(|| d.and_then(|d| d.oom.or(d.replay.peak_allocated.1)));
+                        // A finding is about its GPU's report, at that report's moment.
+                        let target = d.and_then(|d| d.reported_at.or(d.oom).or(d.replay.peak_allocated.1));
                         if target.is_some() {
                             self.move_to(target);
                         }

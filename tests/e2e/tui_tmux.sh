@@ -53,9 +53,9 @@ expect "filter: build_model"
 expect "live allocations (16)"
 expect_not "in forward"
 
-# 4. Open the stack of the selected allocation: the user's frames in full, library frames short.
+# 4. Open the stack of the selected allocation: every frame, the user's bold, library frames dim.
 keys Down Enter
-expect "/srv/jobs/evaluate.py:170 in build_model"
+expect "jobs/evaluate.py:170 in build_model"
 expect "modules/module.py:1341 in convert"
 
 # 5. Segments: the map and the request that did not fit.

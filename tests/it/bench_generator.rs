@@ -126,3 +126,52 @@ fn the_python_stacks_variant_has_the_statistics_of_python_stack_captures() {
     let share = empty as f64 / allocs.len() as f64;
     assert!((share - figure(&s, "allocs_without_frames")).abs() < 0.001, "{share} {s}");
 }
+
+#[test]
+fn the_wrapped_variant_has_the_statistics_of_wrapped_real_traces() {
+    // Real traces that do not reach back to the start of their run (a wrapped ring buffer, or recording started
+    // late): the share of blocks live at the end they never saw allocated, of segments they never saw created, and
+    // of entries freeing what they never saw. The wrapped bench file must sit inside their range.
+    let mut before = (f64::MAX, f64::MIN);
+    let mut unseen = (f64::MAX, f64::MIN);
+    let mut wrapped = 0;
+    for dir in ["fixtures/real", "fixtures/real-gpu"] {
+        let mut files: Vec<std::path::PathBuf> = Vec::new();
+        for e in std::fs::read_dir(dir).expect(dir) {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                files.push(p.join("snapshot.pickle"));
+            } else if p.extension().is_some_and(|x| x == "pickle") {
+                files.push(p);
+            }
+        }
+        for path in files.into_iter().filter(|p| p.exists()) {
+            let s = stats(&path);
+            if s["entries"].as_u64().unwrap_or(0) < 1000 || s.get("blocks_before_trace").is_none() {
+                continue;
+            }
+            let b = figure(&s, "blocks_before_trace");
+            if b < 0.05 {
+                continue; // a trace from the start of its run
+            }
+            before = (before.0.min(b), before.1.max(b));
+            let u = figure(&s, "frees_unseen_per_entry");
+            unseen = (unseen.0.min(u), unseen.1.max(u));
+            wrapped += 1;
+        }
+    }
+    assert!(wrapped >= 5, "only {wrapped} wrapped real traces");
+    let file = std::env::temp_dir().join(format!("oomdoc-bench-wrapped-{}.pickle", std::process::id()));
+    let gen = Command::new("python3")
+        .args(["bench/gen_bench_snapshot.py", "--variant", "real", "--wrap", "0.5", "--entries", "20000", "-o"])
+        .arg(&file)
+        .output()
+        .expect("python3 runs");
+    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    let s = stats(&file);
+    let _ = std::fs::remove_file(&file);
+    let (b, u) = (figure(&s, "blocks_before_trace"), figure(&s, "frees_unseen_per_entry"));
+    assert!(before.0 <= b && b <= before.1, "blocks from before the trace {b}, real wrapped traces {before:?}");
+    assert!(unseen.0 <= u && u <= unseen.1, "unseen frees per entry {u}, real wrapped traces {unseen:?}");
+    assert!(figure(&s, "segments_before_trace") > 0.2, "{s}");
+}

@@ -20,7 +20,7 @@ fn totals_match_an_independent_computation() {
     for file in &exp {
         let name = file["file"].as_str().unwrap();
         let path = common::root().join("fixtures/real").join(name);
-        let tl = oomdoc::ingest::load(&path, false).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let tl = oomdoc::ingest::load(&path, false, None).unwrap_or_else(|e| panic!("{name}: {e}"));
         for d in file["devices"].as_array().unwrap() {
             let dev = d["device"].as_i64().unwrap();
             let ctx = format!("{name} device {dev}");
@@ -44,7 +44,7 @@ fn totals_match_an_independent_computation() {
 #[test]
 fn every_real_snapshot_analyzes_at_every_moment() {
     for file in common::fixtures("fixtures/real", ".pickle") {
-        let tl = oomdoc::ingest::load(std::path::Path::new(&common::root().join(&file)), false).unwrap();
+        let tl = oomdoc::ingest::load(std::path::Path::new(&common::root().join(&file)), false, None).unwrap();
         for at in [At::Auto, At::Peak, At::End] {
             let opts = Options { at: at.clone(), top: 5, ..Options::default() };
             let a = analyze(&tl, &opts, &Categorizer::builtin()).unwrap_or_else(|e| panic!("{file} at {at:?}: {e}"));
@@ -70,7 +70,7 @@ fn replay_lands_on_the_final_segments() {
     const KNOWN_INEXACT: [&str; 1] = ["cs336-wl-train-newest.pickle"];
     let mut complete = 0;
     for file in common::fixtures("fixtures/real", ".pickle") {
-        let tl = oomdoc::ingest::load(&common::root().join(&file), false).unwrap();
+        let tl = oomdoc::ingest::load(&common::root().join(&file), false, None).unwrap();
         for dev in tl.devices.iter().filter(|d| !d.events.is_empty()) {
             let r = Replay::new(dev, tl.settings.as_ref());
             if r.complete() {

@@ -10,7 +10,6 @@ pub fn oomdoc(args: &[&str]) -> Output {
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env_remove("NO_COLOR")
-        .env("OOMDOC_TEST", "1")
         .output()
         .expect("oomdoc runs")
 }
