@@ -151,6 +151,10 @@ pub struct SegState {
 pub struct State {
     pub segments: FxHashMap<u64, SegState>,
     blocks: FxHashMap<u64, LiveBlock>,
+    /// Every block's start, in order: kept only while a trace is undone, where a free's block must be found inside
+    /// the free block that took it in (a walk of its segment's chain would visit thousands of blocks per free).
+    /// `None` going forward, which never needs it.
+    starts: Option<std::collections::BTreeSet<u64>>,
     /// Σ size of blocks held by tensors.
     pub allocated: u64,
     /// Σ size of blocks not free (held, or freed but waiting on another stream).
@@ -235,6 +239,38 @@ impl State {
             at = b.next.get();
             Some((a, b))
         })
+    }
+
+    fn insert_block(&mut self, addr: u64, b: LiveBlock) {
+        if let Some(starts) = &mut self.starts {
+            starts.insert(addr);
+        }
+        self.blocks.insert(addr, b);
+    }
+
+    fn remove_block(&mut self, addr: u64) -> Option<LiveBlock> {
+        if let Some(starts) = &mut self.starts {
+            starts.remove(&addr);
+        }
+        self.blocks.remove(&addr)
+    }
+
+    /// The block that holds `addr`: by the index of starts while undoing, else by a walk of its segment's chain.
+    fn block_holding(&self, seg: u64, addr: u64) -> Option<(u64, &LiveBlock)> {
+        let holds = |a: u64, b: &LiveBlock| a <= addr && addr < a + b.size;
+        match &self.starts {
+            Some(starts) => {
+                let a = *starts.range(..=addr).next_back()?;
+                self.blocks.get(&a).filter(|b| b.segment == seg && holds(a, b)).map(|b| (a, b))
+            }
+            None => self.segment_blocks(seg).find(|&(a, b)| holds(a, b)),
+        }
+    }
+
+    /// Starts (or stops) keeping the index of block starts: for undoing a trace, where frees are found inside free
+    /// blocks.
+    fn index_starts(&mut self, on: bool) {
+        self.starts = on.then(|| self.blocks.keys().copied().collect());
     }
 
     fn segment_containing(&self, addr: u64) -> Option<u64> {
@@ -355,7 +391,7 @@ impl State {
                 nb.prev = Link::to(rest_addr);
             }
         }
-        self.blocks.insert(rest_addr, rest);
+        self.insert_block(rest_addr, rest);
     }
 
     fn alloc(&mut self, e: &Event, idx: u32, rules: &Rules) -> Result<(), &'static str> {
@@ -394,8 +430,7 @@ impl State {
                 let seg_addr =
                     self.segment_containing(e.addr).ok_or("free_completed (undone) outside every segment")?;
                 let (start, free) = self
-                    .segment_blocks(seg_addr)
-                    .find(|(a, b)| *a <= e.addr && e.addr < a + b.size)
+                    .block_holding(seg_addr, e.addr)
                     .map(|(a, b)| (a, b.clone()))
                     .ok_or("free_completed (undone) in a hole of its segment")?;
                 (seg_addr, start, free)
@@ -450,13 +485,13 @@ impl State {
         let mut grow = 0;
         let mut new_next = next;
         if let Some(n) = free_next {
-            let nb = self.blocks.remove(&n).expect("linked");
+            let nb = self.remove_block(n).expect("linked");
             grow += nb.size;
             new_next = nb.next.get();
         }
         let keep = match free_prev {
             Some(p) => {
-                let b = self.blocks.remove(&addr).expect("present");
+                let b = self.remove_block(addr).expect("present");
                 grow += b.size;
                 p
             }
@@ -488,7 +523,7 @@ impl State {
         let kind = (!expandable && size == SMALL_BUFFER).then_some(PoolKind::Small);
         self.segments
             .insert(addr, SegState { addr, size, stream, pool_id: pool_id.unwrap_or((0, 0)), kind, expandable });
-        self.blocks.insert(addr, LiveBlock::free(size, addr));
+        self.insert_block(addr, LiveBlock::free(size, addr));
         self.reserved += size;
         Ok(())
     }
@@ -499,7 +534,7 @@ impl State {
         let mut busy = false;
         let mut at = Some(addr);
         while let Some(a) = at {
-            let Some(b) = self.blocks.remove(&a) else {
+            let Some(b) = self.remove_block(a) else {
                 break;
             };
             if b.state != BlockState::Inactive {
@@ -519,7 +554,7 @@ impl State {
         let mut out = Vec::new();
         let mut at = Some(seg);
         while let Some(a) = at {
-            let Some(b) = self.blocks.remove(&a) else {
+            let Some(b) = self.remove_block(a) else {
                 break;
             };
             at = b.next.get();
@@ -535,7 +570,7 @@ impl State {
             b.segment = seg;
             b.prev = Link::of((i > 0).then(|| addrs[i - 1]));
             b.next = Link::of(addrs.get(i + 1).copied());
-            self.blocks.insert(a, b);
+            self.insert_block(a, b);
         }
     }
 
@@ -890,12 +925,14 @@ fn forward_from_empty(dev: &DeviceTimeline, rules: &Rules) -> Option<Pass> {
 /// could not be undone, in order.
 fn undo(dev: &DeviceTimeline, rules: &Rules) -> (State, Vec<Anomaly>) {
     let mut st = State::from_segments(&dev.segments);
+    st.index_starts(true);
     let mut anomalies = Vec::new();
     for (i, e) in dev.events.iter().enumerate().rev() {
         if let Err(what) = st.unapply(e, rules, &dev.event_attrs) {
             anomalies.push(Anomaly { event: i as u32, what });
         }
     }
+    st.index_starts(false);
     anomalies.reverse();
     (st, anomalies)
 }
