@@ -30,6 +30,7 @@ mod real_findings;
 mod real_gpu;
 mod real_snapshots;
 mod record_layouts;
+mod replay_cut;
 mod report_wording;
 mod scenarios;
 mod split_read;
