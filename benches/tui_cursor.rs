@@ -33,7 +33,7 @@ fn main() {
     let events: usize = job.timelines.iter().flat_map(|tl| &tl.devices).map(|d| d.events.len()).sum();
 
     let t = Instant::now();
-    let mut app = App::new(job.analyse_first().expect("analyses"), &job.checklist.categories, path.clone());
+    let mut app = App::new(job.analyze_first().expect("analyses"), &job.checklist.categories, path.clone());
     let mut term = Terminal::new(TestBackend::new(160, 48)).unwrap();
     term.draw(|f| view::draw(f, &app)).unwrap();
     let first = t.elapsed();

@@ -5,7 +5,7 @@
 //! ```no_run
 //! use oomdoc::job::{Job, JobOptions};
 //! let job = Job::read(&JobOptions::new(["mem_snapshot.pickle"]))?;
-//! for analysed in job.analyse() {
+//! for analysed in job.analyze() {
 //!     let analysed = analysed?;
 //!     println!("{}", oomdoc::report::render(oomdoc::report::Format::Text, &analysed.analysis, analysed.timeline, false));
 //! }
@@ -110,7 +110,7 @@ impl Job {
     pub fn read(options: &JobOptions) -> Result<Job, Error> {
         let t0 = Instant::now();
         let (setup, read) = std::thread::scope(|s| {
-            let setup = analysis::beside(s, || -> Result<_, Error> {
+            let setup = crate::threads::beside(s, || -> Result<_, Error> {
                 let checklist = Checklist::load(options.rules_dir.as_deref())?;
                 let prediction = budget::args::predict(&options.predict)?;
                 Ok((checklist, prediction))
@@ -167,8 +167,8 @@ impl Job {
     }
 
     /// Analyses each timeline that holds something read, in order, and runs the checklist on it.
-    pub fn analyse(&self) -> impl Iterator<Item = Result<Analysed<'_>, Error>> {
-        self.timelines.iter().filter(|tl| !tl.inputs.is_empty()).map(|tl| self.analyse_timeline(tl))
+    pub fn analyze(&self) -> impl Iterator<Item = Result<Analysed<'_>, Error>> {
+        self.timelines.iter().filter(|tl| !tl.inputs.is_empty()).map(|tl| self.analyze_timeline(tl))
     }
 
     /// Every snapshot of the job analysed and handed to `each`, in the order they were given; what `each` returns is
@@ -181,7 +181,7 @@ impl Job {
             .iter()
             .zip(&self.timeline_seq)
             .filter(|(tl, _)| !tl.inputs.is_empty())
-            .map(|(tl, &seq)| (seq, self.analyse_timeline(tl).map(&each)))
+            .map(|(tl, &seq)| (seq, self.analyze_timeline(tl).map(&each)))
             .collect();
         if let (Some(joiner), false) = (&self.joiner, self.deferred.is_empty()) {
             let next = std::sync::atomic::AtomicUsize::new(0);
@@ -216,7 +216,7 @@ impl Job {
                                     );
                                 }
                             }
-                            self.analyse_timeline(&tl).map(&each)
+                            self.analyze_timeline(&tl).map(&each)
                         });
                         done.lock().expect("no worker panics holding it").push((*seq, result));
                         if let Some(bar) = &bar {
@@ -235,12 +235,12 @@ impl Job {
     }
 
     /// The first analysed timeline (a job of one snapshot has one).
-    pub fn analyse_first(&self) -> Result<Analysed<'_>, Error> {
-        self.analyse().next().unwrap_or_else(|| Err(Error::Usage("nothing was read".into())))
+    pub fn analyze_first(&self) -> Result<Analysed<'_>, Error> {
+        self.analyze().next().unwrap_or_else(|| Err(Error::Usage("nothing was read".into())))
     }
 
     /// Analyses one of the job's timelines (the TUI opens ranks one at a time).
-    pub fn analyse_timeline<'t>(&'t self, tl: &'t Timeline) -> Result<Analysed<'t>, Error> {
+    pub fn analyze_timeline<'t>(&'t self, tl: &'t Timeline) -> Result<Analysed<'t>, Error> {
         let t1 = Instant::now();
         let shown = tl.inputs.first().map_or(String::new(), |i| i.path.clone());
         let (mut analysis, replays) = analysis::analyze_keeping(

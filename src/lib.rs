@@ -12,6 +12,7 @@ pub mod ingest;
 pub mod job;
 pub mod report;
 pub mod rules;
+pub mod threads;
 pub mod timeline;
 pub mod tui;
 pub mod units;

@@ -38,7 +38,7 @@ fn analyse_and_render(tl: Timeline) {
 }
 
 fn render_all(job: &Job) {
-    for analysed in job.analyse() {
+    for analysed in job.analyze() {
         let Ok(a) = analysed else { continue };
         for f in [Format::Text, Format::Markdown, Format::Json] {
             std::hint::black_box(report::render(f, &a.analysis, a.timeline, true));

@@ -146,7 +146,7 @@ fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
         if !job.failed.is_empty() {
             return Err(job.failed.swap_remove(0));
         }
-        let analysed = job.analyse().collect::<Result<Vec<_>, _>>()?;
+        let analysed = job.analyze().collect::<Result<Vec<_>, _>>()?;
         if analysed.len() != 1 {
             return Err(Error::Usage(format!(
                 "{}: oomdoc diff compares one snapshot with one snapshot; this holds {}",
@@ -207,7 +207,7 @@ fn tui(args: TuiArgs) -> Result<ExitCode, Error> {
     };
     let first = ranks.iter().enumerate().filter_map(|(i, tl)| Some((oom_time(tl)?, i))).min().map_or(0, |(_, i)| i);
     oomdoc::tui::run_ranks(first, |i| -> Result<oomdoc::tui::App, Error> {
-        let analysed = job.analyse_timeline(ranks[i])?;
+        let analysed = job.analyze_timeline(ranks[i])?;
         let path =
             analysed.analysis.inputs.first().map_or(String::new(), |i| format!("{} ({})", i.path, i.format_version));
         let mut app = oomdoc::tui::App::new(analysed, &job.checklist.categories, path);
@@ -220,7 +220,7 @@ fn tui(args: TuiArgs) -> Result<ExitCode, Error> {
 
 fn facts(args: FactsArgs) -> Result<ExitCode, Error> {
     let job = Job::read(&args.input.job_options(10))?;
-    let analysed = job.analyse().collect::<Result<Vec<_>, _>>()?;
+    let analysed = job.analyze().collect::<Result<Vec<_>, _>>()?;
     let failed = report_failed(&job);
     let analyses: Vec<&oomdoc::analysis::Analysis> = analysed.iter().map(|a| &a.analysis).collect();
     write_out(None, &report::facts_table::render(&analyses, args.json))?;

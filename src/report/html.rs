@@ -10,7 +10,7 @@
 
 use std::fmt::Write;
 
-use super::sections::{self, Highlight};
+use super::wording::{self, Highlight};
 use super::{percent, stream_name, when};
 use crate::analysis::chart::{Chart, SegmentMap};
 use crate::analysis::{stacks::folded, Analysis, DeviceReport, Moment, ReportSource};
@@ -106,8 +106,7 @@ pub fn fragment(a: &Analysis, tl: &Timeline) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "<header>\n<h1>GPU memory report</h1>");
     for i in &a.inputs {
-        let _ =
-            writeln!(o, "<p class=\"inputs\"><code>{}</code> — {}</p>", esc(&i.path), esc(&sections::input_line(i)));
+        let _ = writeln!(o, "<p class=\"inputs\"><code>{}</code> — {}</p>", esc(&i.path), esc(&wording::input_line(i)));
     }
     if let Some(c) = &a.clock {
         let _ = writeln!(o, "<p class=\"inputs\">Clock: {}</p>", esc(&c.description));
@@ -124,7 +123,7 @@ pub fn fragment(a: &Analysis, tl: &Timeline) -> String {
                 Some(rest) => writeln!(o, "<p class=\"summary\"><strong>GPU {}</strong> {}</p>", d.device, esc(rest)),
                 None => writeln!(o, "<p class=\"summary\"><strong>GPU {}</strong>: {}</p>", d.device, esc(&v.summary)),
             };
-            let detail = sections::verdict_detail(d);
+            let detail = wording::verdict_detail(d);
             if !detail.is_empty() {
                 let _ = writeln!(o, "<ul class=\"dim\">");
                 for line in detail {
@@ -169,7 +168,7 @@ pub fn fragment(a: &Analysis, tl: &Timeline) -> String {
             a.findings.iter().filter(|f| f.device == Some(d.device)).map(|f| f.rule.as_str()).collect();
         device(&mut o, d, tl, &rules);
     }
-    if let Some(line) = sections::other_gpus_line(&a.other_gpus) {
+    if let Some(line) = wording::other_gpus_line(&a.other_gpus) {
         let _ = writeln!(o, "<p class=\"dim\">{}</p>", esc(&line));
     }
     if let Some(s) = &a.serving {
@@ -177,7 +176,7 @@ pub fn fragment(a: &Analysis, tl: &Timeline) -> String {
             &mut o,
             "serving",
             &format!("Serving engine (vLLM) <span class=\"dim\">{}</span>", esc(&s.sources.join(", "))),
-            &sections::serving_lines(s),
+            &wording::serving_lines(s),
         );
     }
     if let Some(p) = &a.profile {
@@ -185,7 +184,7 @@ pub fn fragment(a: &Analysis, tl: &Timeline) -> String {
             &mut o,
             "profile",
             "Profiler exports (Nsight Systems / Nsight Compute)",
-            &sections::profile_lines(p),
+            &wording::profile_lines(p),
         );
     }
     o
@@ -235,8 +234,8 @@ fn budget_table(o: &mut String, c: &crate::analysis::prediction::Comparison) {
 
 /// `rules`: the findings on this GPU, named on the timeline at the moment they describe.
 fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, rules: &[&str]) {
-    let moment = sections::moment_words(d.moment);
-    let place = sections::place(d);
+    let moment = wording::moment_words(d.moment);
+    let place = wording::place(d);
     let _ = writeln!(
         o,
         "<section class=\"device\" id=\"gpu-{}\">\n<h2>GPU {} {moment} <span class=\"dim\">({})</span></h2>",
@@ -249,7 +248,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, rules: &[&str]) {
     }
     if let Some(oom) = &d.oom {
         let _ = writeln!(o, "<div class=\"oom-block\">");
-        for (i, (hl, line)) in sections::oom_lines(oom).into_iter().enumerate() {
+        for (i, (hl, line)) in wording::oom_lines(oom).into_iter().enumerate() {
             let line = match hl {
                 Highlight::Culprit(words) => format!("{words} <code>{}</code>", esc(&line)),
                 _ => esc(&line),
@@ -260,7 +259,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, rules: &[&str]) {
         let _ = writeln!(o, "</div>");
     }
     if let Some(obs) = &d.observed {
-        for line in sections::observed_lines(obs, d) {
+        for line in wording::observed_lines(obs, d) {
             let _ = writeln!(o, "<p>{}</p>", esc(&line));
         }
     }
@@ -307,7 +306,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, rules: &[&str]) {
                 esc(&c.category.replace('_', " ")),
                 bytes(c.bytes),
                 percent(c.bytes, d.allocated_bytes),
-                esc(&super::sections::known_by(c).unwrap_or_default())
+                esc(&super::wording::known_by(c).unwrap_or_default())
             );
         }
         let _ = writeln!(o, "</table>");

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::sections::{self, Highlight};
+use super::wording::{self, Highlight};
 use super::{percent, stream_name};
 use crate::analysis::{stacks::folded, Analysis, DeviceReport, ReportSource};
 use crate::timeline::Timeline;
@@ -46,14 +46,14 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "## GPU memory report (oomdoc {})\n", a.tool_version);
     for i in &a.inputs {
-        let _ = writeln!(o, "- `{}` — {}", i.path, esc(&sections::input_line(i)));
+        let _ = writeln!(o, "- `{}` — {}", i.path, esc(&wording::input_line(i)));
     }
     if let Some(c) = &a.clock {
         let _ = writeln!(o, "- Clock: {}", esc(&c.description));
     }
     let _ = writeln!(o);
     if let Some(s) = &a.serving {
-        let _ = writeln!(o, "**Serving engine (vLLM)**: {}\n", esc(&sections::serving_lines(s).join("; ")));
+        let _ = writeln!(o, "**Serving engine (vLLM)**: {}\n", esc(&wording::serving_lines(s).join("; ")));
     }
     if a.devices.is_empty() && a.findings.is_empty() {
         if a.profile.is_none() {
@@ -70,7 +70,7 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
                 Some(rest) => writeln!(o, "**GPU {}** {}\n", d.device, esc(rest)),
                 None => writeln!(o, "**GPU {}**: {}\n", d.device, esc(&v.summary)),
             };
-            for line in sections::verdict_detail(d) {
+            for line in wording::verdict_detail(d) {
                 let _ = writeln!(o, "- {}", esc(&line));
             }
             let _ = writeln!(o);
@@ -121,7 +121,7 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
     for d in &a.devices {
         device(&mut o, d, tl);
     }
-    if let Some(line) = sections::other_gpus_line(&a.other_gpus) {
+    if let Some(line) = wording::other_gpus_line(&a.other_gpus) {
         let _ = writeln!(o, "\n{}", esc(&line));
     }
     profile_section(&mut o, a);
@@ -132,16 +132,16 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
 fn profile_section(o: &mut String, a: &Analysis) {
     let Some(p) = &a.profile else { return };
     let _ = writeln!(o, "\n### Profiler exports (Nsight Systems / Nsight Compute)\n");
-    for l in sections::profile_lines(p) {
+    for l in wording::profile_lines(p) {
         let _ = writeln!(o, "- {}", esc(l.trim_start()));
     }
 }
 
 fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
-    let place = sections::place(d);
+    let place = wording::place(d);
     let _ = writeln!(o, "\n### GPU {} at {} ({place})\n", d.device, d.moment);
     if let Some(oom) = &d.oom {
-        for (i, (hl, line)) in sections::oom_lines(oom).into_iter().enumerate() {
+        for (i, (hl, line)) in wording::oom_lines(oom).into_iter().enumerate() {
             let line = match hl {
                 Highlight::Headline | Highlight::Warn => format!("**{}**", esc(&line)),
                 Highlight::Dim => format!("_{}_", esc(&line)),
@@ -153,7 +153,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
         let _ = writeln!(o);
     }
     if let Some(obs) = &d.observed {
-        for line in sections::observed_lines(obs, d) {
+        for line in wording::observed_lines(obs, d) {
             let _ = writeln!(o, "- {}", esc(&line));
         }
         let _ = writeln!(o);
@@ -166,7 +166,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
     }
     if !d.by_category.is_empty() {
         let parts: Vec<String> =
-            d.by_category.iter().map(|c| super::sections::category_part(c, d.allocated_bytes)).collect();
+            d.by_category.iter().map(|c| super::wording::category_part(c, d.allocated_bytes)).collect();
         let _ = writeln!(o, "Live memory by kind: {}.\n", parts.join(", "));
     }
     if let Some(c) = &d.budget {

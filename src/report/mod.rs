@@ -8,8 +8,8 @@ mod html_flame;
 pub mod job_view;
 pub(crate) mod markdown;
 pub mod rule_list;
-pub mod sections;
 mod text;
+pub mod wording;
 
 use crate::analysis::Analysis;
 use crate::job::Analysed;

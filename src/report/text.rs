@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::sections::{self, Highlight};
+use super::wording::{self, Highlight};
 use super::{percent, stream_name, when};
 use crate::analysis::{stacks::folded, Analysis, DeviceReport, Moment, ReportSource, Severity};
 use crate::timeline::Timeline;
@@ -46,7 +46,7 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
             "{} {}  {}",
             st.bold("oomdoc"),
             st.bold(&input.path),
-            st.dim(&format!("({})", sections::input_line(input)))
+            st.dim(&format!("({})", wording::input_line(input)))
         );
     }
     if let Some(c) = &a.clock {
@@ -61,7 +61,7 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
         for d in verdicts {
             let v = d.verdict.as_ref().expect("filtered");
             let _ = writeln!(o, "  {}", v.summary);
-            for line in sections::verdict_detail(d) {
+            for line in wording::verdict_detail(d) {
                 let _ = writeln!(o, "    {}", st.dim(&line));
             }
         }
@@ -89,18 +89,18 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
     for d in &a.devices {
         device(&mut o, d, tl, &st);
     }
-    if let Some(line) = sections::other_gpus_line(&a.other_gpus) {
+    if let Some(line) = wording::other_gpus_line(&a.other_gpus) {
         let _ = writeln!(o, "\n{}", st.dim(&line));
     }
     if let Some(s) = &a.serving {
         let _ = writeln!(o, "\n{}  {}", st.bold("Serving engine (vLLM)"), st.dim(&s.sources.join(", ")));
-        for line in sections::serving_lines(s) {
+        for line in wording::serving_lines(s) {
             let _ = writeln!(o, "  {line}");
         }
     }
     if let Some(p) = &a.profile {
         let _ = writeln!(o, "\n{}", st.bold("Profiler exports (Nsight Systems / Nsight Compute)"));
-        for line in sections::profile_lines(p) {
+        for line in wording::profile_lines(p) {
             let _ = writeln!(o, "  {line}");
         }
     }
@@ -119,13 +119,13 @@ pub fn render(a: &Analysis, tl: &Timeline, color: bool) -> String {
 }
 
 fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
-    let words = sections::moment_words(d.moment);
+    let words = wording::moment_words(d.moment);
     let moment = if d.moment == Moment::Oom { st.red(words) } else { st.bold(words) };
-    let place = sections::place(d);
+    let place = wording::place(d);
     let _ = writeln!(o, "\n{} {}  {}", st.bold(&format!("GPU {}", d.device)), moment, st.dim(&format!("({place})")));
 
     if let Some(oom) = &d.oom {
-        for (i, (hl, line)) in sections::oom_lines(oom).into_iter().enumerate() {
+        for (i, (hl, line)) in wording::oom_lines(oom).into_iter().enumerate() {
             let line = match hl {
                 Highlight::Warn => st.yellow(&line),
                 Highlight::Culprit(words) => format!("{words} {}", st.cyan(&line)),
@@ -136,7 +136,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
         }
     }
     if let Some(obs) = &d.observed {
-        for line in sections::observed_lines(obs, d) {
+        for line in wording::observed_lines(obs, d) {
             let _ = writeln!(o, "  {line}");
         }
     }
@@ -187,7 +187,7 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
 
     if !d.by_category.is_empty() {
         let parts: Vec<String> =
-            d.by_category.iter().map(|c| super::sections::category_part(c, d.allocated_bytes)).collect();
+            d.by_category.iter().map(|c| super::wording::category_part(c, d.allocated_bytes)).collect();
         let _ = writeln!(o, "  by kind: {}", parts.join(", "));
     }
     if let Some(c) = &d.budget {

@@ -1201,12 +1201,9 @@ impl<'t> Replay<'t> {
             None => {
                 let rules = &rules;
                 std::thread::scope(|s| {
-                    let counting = std::thread::Builder::new().spawn_scoped(s, || self::completeness(dev)).ok();
+                    let counting = crate::threads::beside(s, || self::completeness(dev));
                     let undone = undo_splitting(s, dev, rules, forward_cut(dev.events.len()));
-                    let completeness = match counting {
-                        Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                        None => self::completeness(dev),
-                    };
+                    let completeness = counting();
                     if completeness.complete() {
                         // A whole history with events the allocator could not have done: replay it all from empty,
                         // anomalies and all.

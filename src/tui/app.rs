@@ -155,7 +155,7 @@ impl<'t> App<'t> {
                 .iter()
                 .filter_map(|d| Some((d.device, d.verdict.as_ref()?.summary.clone())))
                 .collect(),
-            profile_lines: analysis.profile.as_ref().map(crate::report::sections::profile_lines).unwrap_or_default(),
+            profile_lines: analysis.profile.as_ref().map(crate::report::wording::profile_lines).unwrap_or_default(),
             ncu_rows: analysis.profile.as_ref().and_then(|p| p.ncu.as_ref()).map_or(Vec::new(), |n| n.by_time.clone()),
             devices,
             dev: 0,

@@ -508,10 +508,10 @@ fn draw_ncu(f: &mut Frame, app: &App, area: Rect) {
         f.render_widget(Paragraph::new("No Nsight Compute export.").block(block), area);
         return;
     }
-    let pct = |v: Option<f64>| format!("{:>4}", crate::report::sections::pct_f(v));
+    let pct = |v: Option<f64>| format!("{:>4}", crate::report::wording::pct_f(v));
     let mut lines = vec![Line::from("duration    mem    SM  bound    kernel").dim()];
     for (i, r) in app.ncu_rows.iter().enumerate() {
-        let dur = crate::report::sections::ns_f(r.duration_ns);
+        let dur = crate::report::wording::ns_f(r.duration_ns);
         let class = r.class.as_deref();
         let line = Line::from(vec![
             Span::from(format!("{dur:>9} {} {}  ", pct(r.memory_throughput_pct), pct(r.sm_throughput_pct))),

@@ -207,7 +207,7 @@ fn the_category_split_adds_up_to_the_allocated_bytes_in_every_bucket() {
         let mut options = JobOptions::new([file]);
         options.analysis.chart_categories = true;
         let job = Job::read(&options).unwrap();
-        for analysed in job.analyse() {
+        for analysed in job.analyze() {
             let analysed = analysed.unwrap();
             let c = analysed.analysis.devices[0].chart.as_ref().unwrap();
             assert_eq!(c.by_category.len(), c.alloc_max.len(), "{file}");
@@ -224,7 +224,7 @@ fn the_category_split_adds_up_to_the_allocated_bytes_in_every_bucket() {
         }
         // Without asking, nothing is split (the other formats do not pay for the pass).
         let job = Job::read(&JobOptions::new([file])).unwrap();
-        let analysed = job.analyse().next().unwrap().unwrap();
+        let analysed = job.analyze().next().unwrap().unwrap();
         assert!(analysed.analysis.devices[0].chart.as_ref().unwrap().by_category.is_empty());
     }
 }

@@ -8,7 +8,7 @@
 //!   analysis             timeline → facts, the report model, the verdict
 //!   ingest · budget      readers → timeline · model + run → budget (independent of each other)
 //!   timeline             the shared model
-//!   units · huge_pages   helpers
+//!   units · huge_pages · threads   helpers
 //! ```
 //!
 //! An import that goes up (a fact value owned by the rule engine, a budget that knows the report) makes the layers
@@ -19,6 +19,7 @@ use crate::common;
 const LAYERS: &[(&str, u32)] = &[
     ("units", 0),
     ("huge_pages", 0),
+    ("threads", 0),
     ("timeline", 1),
     ("ingest", 2),
     ("budget", 2),

@@ -74,7 +74,7 @@ fn the_checklist_holds_on_scenarios_it_was_not_tuned_on() {
         let job = Job::read(&options).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(job.failed.is_empty(), "{name}: {:?}", job.failed);
         let mut fired: Vec<(String, String)> = Vec::new();
-        for a in job.analyse() {
+        for a in job.analyze() {
             let a = a.unwrap_or_else(|e| panic!("{name}: {e}")).analysis;
             fired.extend(a.findings.iter().map(|f| (f.rule.clone(), f.severity.to_string())));
             if std::env::var_os("SCENARIO_DEBUG").is_some() {

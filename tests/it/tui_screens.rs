@@ -19,7 +19,7 @@ fn load(paths: &[&str]) -> Job {
 
 /// The app `oomdoc tui` opens on the job's first timeline.
 fn open<'j>(job: &'j Job, title: &str) -> App<'j> {
-    App::new(job.analyse_first().unwrap(), &job.checklist.categories, title.to_string())
+    App::new(job.analyze_first().unwrap(), &job.checklist.categories, title.to_string())
 }
 
 /// The screen as text, one line per row (colours and styles dropped).
@@ -193,7 +193,7 @@ fn several_ranks_one_at_a_time_r_switches() {
     let job =
         load(&["fixtures/real-gpu/healthy/snapshot.pickle", "fixtures/real-gpu/leaked-references/snapshot.pickle"]);
     assert_eq!(job.timelines.len(), 2);
-    let analysed = job.analyse_timeline(&job.timelines[1]).unwrap();
+    let analysed = job.analyze_timeline(&job.timelines[1]).unwrap();
     let mut app = App::new(analysed, &job.checklist.categories, "leaked-references/snapshot.pickle".into());
     app.ranks = oomdoc::tui::app::Ranks {
         labels: vec!["rank 0 (snapshot.pickle)".into(), "rank 1 (snapshot.pickle)".into()],

@@ -1,6 +1,7 @@
-//! The parts of a report that text artifacts contribute, as plain lines that the text and Markdown renderers
-//! each dress in their own way: the OOM (from the trace or only from a log), memory as nvidia-smi saw it, a
-//! serving engine's KV cache, what profiler exports said, and one line per input.
+//! The words of a report shared by every format: each section as plain lines (the verdict's detail, the OOM from
+//! the trace or only from a log, memory as nvidia-smi saw it, a serving engine's KV cache, profiler exports, one
+//! line per input, how each category's bytes were known) that the text, Markdown and HTML renderers each dress in
+//! their own way.
 
 use super::{percent, stream_name, when};
 use crate::analysis::observed::ObservedMemory;
