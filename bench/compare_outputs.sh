@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
-# Every fixture's report, in every format, from two builds of oomdoc: the refactors and speed work of the
-# project must leave them byte-identical.
-#   bench/compare_outputs.sh OLD_BINARY [NEW_BINARY]      (NEW: target/release/oomdoc)
+# Every fixture's report, in every format: the refactors and speed work of the project must leave them
+# byte-identical.
+#   bench/compare_outputs.sh OLD_BINARY [NEW_BINARY]   two builds against each other (NEW: target/release/oomdoc)
+#   bench/compare_outputs.sh --check [BINARY]          against bench/expected-outputs.sha256 (CI runs this)
+#   bench/compare_outputs.sh --update [BINARY]         rewrites that file: a change that means to change reports
+#                                                      updates it, and the commit's diff of it names each report
+#                                                      that changed (its message says why)
 # Prints each input whose output differs and exits 1 if any does.
 set -u
 cd "$(dirname "$0")/.."
-old=$1
-new=${2:-target/release/oomdoc}
+expected=bench/expected-outputs.sha256
+mode=pair
+case "${1:-}" in
+  --check) mode=check; shift ;;
+  --update) mode=update; shift ;;
+esac
+if [ "$mode" = pair ]; then
+  old=${1:?usage: bench/compare_outputs.sh OLD_BINARY [NEW_BINARY] | --check [BINARY] | --update [BINARY]}
+  new=${2:-target/release/oomdoc}
+else
+  new=${1:-target/release/oomdoc}
+fi
 inputs=()
 for f in fixtures/real/*.pickle fixtures/generated/*/*.pickle fixtures/real-gpu/*/snapshot.pickle \
          fixtures/real/nvidia-smi/* fixtures/real/ncu/* fixtures/real/logs/*.log fixtures/profilers/*.csv \
@@ -22,18 +36,38 @@ for f in fixtures/generated/verdict/*.nvidia-smi.csv; do
   inputs+=("${f%.nvidia-smi.csv}.pickle $f")
 done
 n=0; bad=0
+digests=$(mktemp)
+trap 'rm -f "$digests"' EXIT
 for in in "${inputs[@]}"; do
   for fmt in json text markdown; do
     n=$((n + 1))
     # shellcheck disable=SC2086
-    a=$("$old" analyze $in --format "$fmt" --color never 2>&1)
-    # shellcheck disable=SC2086
     b=$("$new" analyze $in --format "$fmt" --color never 2>&1)
-    if [ "$a" != "$b" ]; then
-      bad=$((bad + 1))
-      echo "differs ($fmt): $in"
+    if [ "$mode" = pair ]; then
+      # shellcheck disable=SC2086
+      a=$("$old" analyze $in --format "$fmt" --color never 2>&1)
+      if [ "$a" != "$b" ]; then
+        bad=$((bad + 1))
+        echo "differs ($fmt): $in"
+      fi
+    else
+      printf '%s  %s %s\n' "$(printf '%s' "$b" | sha256sum | cut -c1-64)" "$fmt" "$in" >> "$digests"
     fi
   done
 done
-echo "$n reports compared, $bad differ"
+case "$mode" in
+  update)
+    cp "$digests" "$expected"
+    echo "$n reports written to $expected"
+    ;;
+  check)
+    if ! diff -q "$expected" "$digests" >/dev/null; then
+      diff "$expected" "$digests" | grep '^>' | awk '{ sub(/^> [0-9a-f]+  /, ""); f = $1; sub(/^[a-z]+ /, ""); print "differs (" f "): " $0 }' | head -50
+      bad=$(diff "$expected" "$digests" | grep -c '^>')
+    fi
+    echo "$n reports compared with $expected, $bad differ"
+    [ "$bad" -eq 0 ] || echo "a change meant to change these: bench/compare_outputs.sh --update, and say why" >&2
+    ;;
+  pair) echo "$n reports compared, $bad differ" ;;
+esac
 [ "$bad" -eq 0 ]
