@@ -234,6 +234,25 @@ impl Job {
         out.into_iter().map(|(_, r)| r).collect()
     }
 
+    /// The timelines read so far that hold something, in the order the job was given (an archive's members in name
+    /// order), each with its rank by the job's one rule ([`analysis::job_view::rank_numbers`]), by rank.
+    pub fn ranked_timelines(&self) -> Vec<(u32, &Timeline)> {
+        let mut given: Vec<(usize, &Timeline)> = self
+            .timelines
+            .iter()
+            .zip(&self.timeline_seq)
+            .filter(|(tl, _)| !tl.inputs.is_empty())
+            .map(|(tl, &s)| (s, tl))
+            .collect();
+        given.sort_by_key(|(seq, _)| *seq);
+        let name = |tl: &Timeline| tl.inputs.first().map_or(String::new(), |i| i.path.clone());
+        let names: Vec<String> = given.iter().map(|(_, tl)| name(tl)).collect();
+        let numbers = analysis::job_view::rank_numbers(names.iter().map(String::as_str));
+        let mut ranked: Vec<(u32, &Timeline)> = numbers.into_iter().zip(given.into_iter().map(|(_, tl)| tl)).collect();
+        ranked.sort_by_key(|(rank, _)| *rank);
+        ranked
+    }
+
     /// The first analysed timeline (a job of one snapshot has one).
     pub fn analyze_first(&self) -> Result<Analysed<'_>, Error> {
         self.analyze().next().unwrap_or_else(|| Err(Error::Usage("nothing was read".into())))

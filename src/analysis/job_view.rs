@@ -142,6 +142,20 @@ pub fn rank_from_name(path: &str) -> Option<u32> {
     None
 }
 
+/// The rank of each of a job's snapshots, given in order: from their names when every name has one and no two share
+/// it (`rank5`, `…-5.pickle`), otherwise their place in the order given. Every view of a job (the report's table,
+/// the TUI's `r` / `R`) numbers ranks by this one rule.
+pub fn rank_numbers<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<u32> {
+    let names: Vec<&str> = names.into_iter().collect();
+    let named: Vec<Option<u32>> = names.iter().map(|n| rank_from_name(n)).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    if named.iter().all(|r| r.is_some_and(|r| seen.insert(r))) {
+        named.into_iter().map(|r| r.expect("checked")).collect()
+    } else {
+        (0..names.len() as u32).collect()
+    }
+}
+
 /// What the job view needs of one analysed snapshot: the same summary a JSON report gives when read back, so a
 /// job of snapshots and a job of reports are one view.
 pub fn summary(a: &Analysis) -> ReportedRank {
@@ -216,13 +230,10 @@ pub fn of(ranks_in: &[ReportedRank]) -> Option<JobView> {
     if ranks_in.len() < 2 {
         return None;
     }
-    let named: Vec<Option<u32>> = ranks_in.iter().map(|r| rank_from_name(&r.input)).collect();
-    // Names give the ranks only when every file has one and no two share it; otherwise the order given does.
-    let mut seen = std::collections::BTreeSet::new();
-    let by_name = named.iter().all(|r| r.is_some_and(|r| seen.insert(r)));
+    let numbers = rank_numbers(ranks_in.iter().map(|r| r.input.as_str()));
     let mut ranks = Vec::new();
     for (i, a) in ranks_in.iter().enumerate() {
-        let rank = if by_name { named[i].expect("checked") } else { i as u32 };
+        let rank = numbers[i];
         for d in &a.devices {
             let (input, rank) = match &d.unmatched {
                 Some((at, msg_rank)) => (at.clone(), msg_rank.unwrap_or(rank)),

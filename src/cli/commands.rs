@@ -179,23 +179,16 @@ fn tui(args: TuiArgs) -> Result<ExitCode, Error> {
     if report_failed(&job) {
         return Ok(ExitCode::from(2));
     }
-    // One timeline per snapshot (or one for text artifacts alone). Several snapshots are the job's ranks, opened one
-    // at a time: the first to run out of memory first.
-    let mut ranks: Vec<&oomdoc::timeline::Timeline> = job.timelines.iter().filter(|tl| !tl.inputs.is_empty()).collect();
-    let name = |tl: &oomdoc::timeline::Timeline| tl.inputs.first().map_or(String::new(), |i| i.path.clone());
-    let rank_of = |tl: &&oomdoc::timeline::Timeline| oomdoc::analysis::job_view::rank_from_name(&name(tl));
-    let named = ranks.iter().all(|tl| rank_of(tl).is_some());
-    if named {
-        ranks.sort_by_key(rank_of);
-    }
-    let numbers: Vec<Option<u32>> = ranks.iter().map(rank_of).collect();
-    let labels: Vec<String> = ranks
+    // One timeline per snapshot (or one for text artifacts alone). Several snapshots are the job's ranks, numbered as
+    // the report numbers them, opened one at a time: the first to run out of memory first.
+    let ranked = job.ranked_timelines();
+    let ranks: Vec<&oomdoc::timeline::Timeline> = ranked.iter().map(|(_, tl)| *tl).collect();
+    let labels: Vec<String> = ranked
         .iter()
-        .enumerate()
-        .map(|(i, tl)| {
-            let file = name(tl);
+        .map(|(rank, tl)| {
+            let file = tl.inputs.first().map_or(String::new(), |i| i.path.clone());
             let short = file.rsplit(['/', '!']).next().unwrap_or(&file).to_string();
-            format!("rank {} ({short})", if named { numbers[i].unwrap_or(0) as usize } else { i })
+            format!("rank {rank} ({short})")
         })
         .collect();
     let oom_time = |tl: &oomdoc::timeline::Timeline| {

@@ -529,4 +529,12 @@ fn ranks_are_the_same_from_a_folder_and_from_an_archive_stored_in_another_order(
     assert_eq!(from_folder, [(0, "alpha.pickle".to_string()), (1, "beta.pickle".to_string())]);
     assert_eq!(rows(&reversed), from_folder, "a tar stored in another order");
     assert_eq!(rows(&zipped), from_folder, "a zip");
+    // The TUI's r / R go through the job's ranks by the same rule.
+    let job = oomdoc::job::Job::read(&oomdoc::job::JobOptions::new([&reversed])).unwrap();
+    let tui: Vec<(u32, String)> = job
+        .ranked_timelines()
+        .iter()
+        .map(|(r, tl)| (*r, tl.inputs[0].path.rsplit('/').next().unwrap().to_string()))
+        .collect();
+    assert_eq!(tui, [(0, "alpha.pickle".to_string()), (1, "beta.pickle".to_string())]);
 }
