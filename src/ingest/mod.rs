@@ -7,22 +7,26 @@ pub mod nvidia_smi;
 pub mod oom_log;
 pub mod oomdoc_report;
 pub mod pickle;
+mod progress;
 pub mod read_ahead;
 pub mod reader;
 pub mod snapshot;
+mod snapshot_file;
 pub mod text;
 pub mod unpack;
 pub mod vllm_log;
 
+pub use progress::count_bar;
+use progress::progress_bar;
 pub use reader::{sniff_file, Reader, READERS};
+pub use snapshot_file::load;
+use snapshot_file::load_stream;
 
-use std::fs::File;
-use std::io::{IsTerminal, Read};
 use std::path::Path;
 
 use crate::timeline::clock::{self, ClockOptions};
 use crate::timeline::profile::ProfileData;
-use crate::timeline::{InputInfo, InputKind, Malformed, OomMessage, ServingLog, Timeline};
+use crate::timeline::{InputInfo, Malformed, OomMessage, ServingLog, Timeline};
 use crate::Error;
 
 /// Why an input could not be read; the error around it ([`Error::Input`]) names the file.
@@ -303,141 +307,7 @@ fn note_malformed(info: &mut InputInfo, malformed: Vec<Malformed>, strict: bool)
 /// Malformed lines listed per input (all are counted).
 const MALFORMED_SHOWN: usize = 5;
 
-/// Files at least this large get a progress bar (when stderr is a terminal).
-const PROGRESS_MIN_BYTES: u64 = 64 << 20;
-
-/// Reads a snapshot file into a timeline; with `split`, a long trace's later part on a second core.
-pub fn load(path: &Path, show_progress: bool, split: Option<SplitRead>) -> Result<Timeline, Error> {
-    let shown = path.display().to_string();
-    let io_err = |source| Error::Io { path: shown.clone(), source };
-    let mut file = File::open(path).map_err(io_err)?;
-    let len = file.metadata().map_err(io_err)?.len();
-    let mut head = [0u8; 2];
-    let n = file.read(&mut head).map_err(io_err)?;
-    drop(file);
-    if n == 2 && !snapshot::sniff(&head) {
-        return Err(Error::Input {
-            path: shown,
-            source: ReadError::Unrecognised(format!(
-                "byte 0: not a recognised artifact: expected a PyTorch memory snapshot pickle (first byte 0x80), \
-                 found {}",
-                describe_start(&head)
-            )),
-        });
-    }
-    let file = File::open(path).map_err(io_err)?;
-    let progress = progress_bar(show_progress, len, &shown);
-    let callback = progress.clone().map(|bar| Box::new(move |pos: u64| bar.set_position(pos)) as Box<dyn FnMut(u64)>);
-    let split = split.and_then(|s| split_source(path, len, s));
-    let result = match read_ahead::ReadAhead::start(file) {
-        Ok(ahead) => snapshot::read_split(ahead, len, callback, split),
-        Err(file) => snapshot::read_split(file, len, callback, split),
-    };
-    if let Some(bar) = progress {
-        bar.finish_and_clear();
-    }
-    let snap = result.map_err(|e| Error::Input { path: shown.clone(), source: e.into() })?;
-    let mut tl = snap.timeline;
-    tl.split_read = snap.split.map(|s| (s.records, s.from, s.to));
-    tl.inputs.push(InputInfo {
-        path: shown,
-        kind: InputKind::PytorchSnapshot,
-        format_version: snap.format_version,
-        bytes: len,
-        pickle_protocol: Some(snap.protocol),
-        ..InputInfo::default()
-    });
-    Ok(tl)
-}
-
-/// How a plain file's trace is read in two parts at once (see `pickle::split`): by opening it again, for files of
-/// `split.min_bytes` or more.
-fn split_source(path: &Path, len: u64, split: SplitRead) -> Option<pickle::SplitSource> {
-    if len < split.min_bytes {
-        return None;
-    }
-    let path = path.to_path_buf();
-    let reopen: pickle::Reopen = std::sync::Arc::new(move |offset| {
-        use std::io::Seek;
-        let mut f = File::open(&path)?;
-        f.seek(std::io::SeekFrom::Start(offset))?;
-        Ok(Box::new(f) as Box<dyn Read + Send>)
-    });
-    Some(pickle::SplitSource { reopen, len, patient: split.patient })
-}
-
-/// A progress bar over `len` bytes of `name`, when asked for, on a terminal, and the input is big enough to wait.
-/// A progress bar over `len` items (a job's ranks), on a terminal.
-pub fn count_bar(show: bool, len: u64, what: &str) -> Option<indicatif::ProgressBar> {
-    (show && std::io::stderr().is_terminal()).then(|| {
-        let bar = indicatif::ProgressBar::new(len);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({eta})")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        bar.set_message(format!("analysing {what}"));
-        bar
-    })
-}
-
-fn progress_bar(show: bool, len: u64, name: &str) -> Option<indicatif::ProgressBar> {
-    (show && len >= PROGRESS_MIN_BYTES && std::io::stderr().is_terminal()).then(|| {
-        let bar = indicatif::ProgressBar::new(len);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} ({eta})")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        bar.set_message(format!("reading {}", name.rsplit(['/', '\\']).next().unwrap_or(name)));
-        bar
-    })
-}
-
-/// A snapshot that is not a plain file: a decompressed stream (read ahead on another thread, so decompressing and
-/// parsing overlap) or an archive's member (read where it is). The progress bar counts the bytes on disk.
-fn load_stream(input: reader::Input, show_progress: bool) -> Result<Timeline, Error> {
-    let (shown, compression, stored) = (input.name.clone(), input.compression, input.stored.clone());
-    let progress = stored.as_ref().and_then(|c| progress_bar(show_progress, c.total, &shown));
-    let callback = progress.clone().zip(stored.clone()).map(|(bar, c)| {
-        Box::new(move |_: u64| bar.set_position(c.read.load(std::sync::atomic::Ordering::Relaxed)))
-            as Box<dyn FnMut(u64)>
-    });
-    // Sized for the entries it is likely to hold: compressed pickles are about a fifth of their size.
-    let len_hint = stored.as_ref().map_or(0, |c| c.total.saturating_mul(5));
-    let result = match input.into_stream() {
-        reader::Stream::Owned(r) => match read_ahead::ReadAhead::start(r) {
-            Ok(ahead) => snapshot::read_sized(ahead, len_hint, callback),
-            Err(r) => snapshot::read_sized(r, len_hint, callback),
-        },
-        reader::Stream::Borrowed(r) => snapshot::read_sized(r, len_hint, callback),
-        reader::Stream::File => unreachable!("a plain file is read by `load`"),
-    };
-    if let Some(bar) = progress {
-        bar.finish_and_clear();
-    }
-    let snap = result.map_err(|e| match e {
-        snapshot::SnapshotError::Pickle(pickle::PickleError::Io { source, .. })
-            if unpack::limit_of(&source).is_some() =>
-        {
-            Error::Input { path: shown.clone(), source: ReadError::Unpack(unpack::limit_of(&source).expect("checked")) }
-        }
-        e => Error::Input { path: shown.clone(), source: e.into() },
-    })?;
-    let mut tl = snap.timeline;
-    tl.inputs.push(InputInfo {
-        path: shown,
-        kind: InputKind::PytorchSnapshot,
-        format_version: snap.format_version,
-        bytes: snap.bytes,
-        pickle_protocol: Some(snap.protocol),
-        compression,
-        ..InputInfo::default()
-    });
-    Ok(tl)
-}
-
-fn describe_start(head: &[u8]) -> String {
+pub(crate) fn describe_start(head: &[u8]) -> String {
     let text: String = head.iter().map(|&b| if b.is_ascii_graphic() { b as char } else { '.' }).collect();
     format!("0x{:02x} 0x{:02x} ('{text}')", head[0], head[1])
 }
