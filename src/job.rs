@@ -136,7 +136,7 @@ impl Job {
             deferred,
             joiner: Some(joiner),
             reported,
-            failed,
+            failed: failed.into_iter().map(Error::from).collect(),
             options: options.clone(),
         })
     }
@@ -201,7 +201,7 @@ impl Job {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some((seq, path)) = self.deferred.get(i) else { break };
                         let t0 = Instant::now();
-                        let result = ingest::load_deferred(path, joiner, one_file_bar, split).and_then(|tl| {
+                        let result = ingest::load_deferred(path, joiner, one_file_bar, split).map_err(Error::from).and_then(|tl| {
                             if self.options.timing {
                                 eprintln!(
                                     "oomdoc: read {} in {:.3} s{}",

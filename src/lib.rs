@@ -23,11 +23,11 @@ pub enum Error {
     #[error("{path}: {source}")]
     Io { path: String, source: std::io::Error },
     /// An input that could not be read: which, and what its reader found wrong.
-    #[error("{path}: {source}")]
-    Input { path: String, source: ingest::ReadError },
-    /// A model config (`--model config.json`) the budget could not use.
-    #[error("{path}: {source}")]
-    Config { path: String, source: budget::model::ConfigError },
+    #[error(transparent)]
+    Input(#[from] ingest::IngestError),
+    /// A budget the flags or the model config could not make.
+    #[error(transparent)]
+    Budget(#[from] budget::BudgetError),
     /// A category file that does not compile.
     #[error(transparent)]
     Categories(#[from] analysis::categories::CategoryError),

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use super::model::{self, Dtype, ModelFlags};
 use super::run::{Checkpointing, Lora, MixedPrecision, Mode, Offload, Optimizer, Run};
+use super::BudgetError as Error;
 use super::{gpus, plan, Budget};
-use crate::Error;
 
 pub const BUDGET_HELP: &str =
     "The memory budget before a run: every byte per GPU with its formula, a verdict, and what \

@@ -15,12 +15,26 @@ pub mod solver;
 
 use serde::Serialize;
 
-use crate::Error;
+/// Why a budget could not be made: the budget layer's own error, so that it depends on nothing above it (the
+/// crate's `Error` wraps it).
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    /// A model config (`--model config.json`) the budget could not use.
+    #[error("{path}: {source}")]
+    Config { path: String, source: model::ConfigError },
+    /// Flags that describe no run (one line for the command line).
+    #[error("{0}")]
+    Usage(String),
+}
+
 pub use estimate::{estimate, Estimate, Item};
 pub use gpus::Gpu;
 pub use model::{Dtype, Model};
 pub use run::{Mode, Run};
 pub use solver::Proposal;
+use BudgetError as Error;
 
 /// Version of the JSON `oomdoc budget --format json` writes.
 pub const SCHEMA_VERSION: u32 = 1;

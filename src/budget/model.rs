@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::Error;
+use super::BudgetError as Error;
 
 /// A number format for weights, activations or the KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -133,9 +133,11 @@ fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
         if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
             let text = std::fs::read_to_string(path).map_err(io)?;
             if oomdoc::ingest::oomdoc_report::sniff(&text) {
-                return serde_json::from_str(&text).map_err(|e| Error::Input {
-                    path: path.display().to_string(),
-                    source: oomdoc::ingest::ReadError::Unrecognised(format!("not valid JSON: {e}")),
+                return serde_json::from_str(&text).map_err(|e| {
+                    Error::Input(oomdoc::ingest::IngestError::Input {
+                        path: path.display().to_string(),
+                        source: oomdoc::ingest::ReadError::Unrecognised(format!("not valid JSON: {e}")),
+                    })
                 });
             }
         }

@@ -27,7 +27,19 @@ use std::path::Path;
 use crate::timeline::clock::{self, ClockOptions};
 use crate::timeline::profile::ProfileData;
 use crate::timeline::{InputInfo, Malformed, OomMessage, ServingLog, Timeline};
-use crate::Error;
+
+/// Why an input could not be read: the ingest layer's own error, so that it depends on nothing above it (the
+/// crate's `Error` wraps it).
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    /// An input that could not be read: which, and what its reader found wrong.
+    #[error("{path}: {source}")]
+    Input { path: String, source: ReadError },
+}
+
+use IngestError as Error;
 
 /// Why an input could not be read; the error around it ([`Error::Input`]) names the file.
 #[derive(Debug, thiserror::Error)]

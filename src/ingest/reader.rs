@@ -7,11 +7,11 @@ use std::io::Read;
 use std::path::Path;
 
 use super::unpack::Counted;
+use super::IngestError as Error;
 use super::{ncu, note_malformed, nsys, nsys_sqlite, nvidia_smi, oom_log, snapshot, vllm_log};
 use super::{Collected, Kind, LoadOptions, ReadError};
 use crate::timeline::profile::ProfileSource;
 use crate::timeline::{InputInfo, InputKind, Malformed};
-use crate::Error;
 
 /// What detection sees of an input: its name, its first bytes, and (for the readers of text formats) its text.
 pub struct Detect<'a> {

@@ -7,9 +7,9 @@ use std::io::Read;
 use std::path::Path;
 
 use super::progress::progress_bar;
+use super::IngestError as Error;
 use super::{describe_start, pickle, read_ahead, reader, snapshot, unpack, ReadError, SplitRead};
 use crate::timeline::{InputInfo, InputKind, Timeline};
-use crate::Error;
 
 /// Reads a snapshot file into a timeline; with `split`, a long trace's later part on a second core.
 pub fn load(path: &Path, show_progress: bool, split: Option<SplitRead>) -> Result<Timeline, Error> {

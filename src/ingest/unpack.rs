@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::reader::{detect_reader, reader_for, unrecognised, Input, Stream};
+use super::IngestError as Error;
 use super::{Collected, LoadOptions, ReadError};
 use crate::timeline::{InputInfo, InputKind};
-use crate::Error;
 
 /// How much an archive may unpack to, and hold. `--max-members`, `--max-unpacked` set the first two.
 #[derive(Clone, Copy, Debug)]

@@ -287,7 +287,12 @@ fn errors_keep_what_caused_them() {
     })
     .unwrap();
     match &job.failed[..] {
-        [oomdoc::Error::Input { path, source: oomdoc::ingest::ReadError::Ncu(_) }] => assert_eq!(path, bad.path()),
+        [oomdoc::Error::Input(oomdoc::ingest::IngestError::Input {
+            path,
+            source: oomdoc::ingest::ReadError::Ncu(_),
+        })] => {
+            assert_eq!(path, bad.path())
+        }
         other => panic!("expected one Nsight Compute read error, got {other:?}"),
     }
 }

@@ -30,6 +30,10 @@ const LAYERS: &[(&str, u32)] = &[
     ("tui", 7),
 ];
 
+/// The layers below this one have their own error types (`ingest::IngestError`, `budget::BudgetError`,
+/// `analysis::AnalysisError`): the crate's `Error` (lib.rs) is for the rules and above.
+const ROOT_ERROR_FROM: u32 = 3;
+
 fn layer(module: &str) -> Option<u32> {
     LAYERS.iter().find(|(m, _)| *m == module).map(|(_, l)| *l)
 }
@@ -64,6 +68,11 @@ fn upward(top: &str, text: &str) -> (Vec<(usize, String)>, usize) {
                 continue;
             }
             let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            // The root's `Error` wraps every layer's error up to the rules: below them a layer has its own.
+            if name == "Error" && own <= ROOT_ERROR_FROM {
+                up.push((no + 1, format!("{top} (layer {own}) uses crate::Error, which wraps the layers above it")));
+                continue;
+            }
             match layer(&name) {
                 Some(theirs) if name != top && theirs >= own => {
                     up.push((no + 1, format!("{top} (layer {own}) uses crate::{name} (layer {theirs})")))
@@ -82,6 +91,8 @@ fn the_scan_sees_an_upward_import() {
     assert_eq!(seen, 2);
     assert_eq!(up, [(2, "analysis (layer 3) uses crate::rules (layer 4)".to_string())]);
     assert_eq!(upward("ingest", "x = crate::budget::plan(m);").0.len(), 1, "a peer layer is not used either");
+    assert_eq!(upward("budget", "use crate::Error;").0.len(), 1, "below the rules, a layer's errors are its own");
+    assert!(upward("rules", "use crate::Error;").0.is_empty());
 }
 
 #[test]
@@ -95,7 +106,8 @@ fn no_module_uses_a_layer_above_its_own() {
     for file in &files {
         let rel = file.strip_prefix(&src).unwrap();
         let top = rel.components().next().unwrap().as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
-        // The binary (main.rs, cli/) sits above every layer; lib.rs is the root every layer may name (`Error`).
+        // The binary (main.rs, cli/) sits above every layer; lib.rs is the root, whose `Error` the rules and the layers
+        // above may name (the scan checks that those below do not).
         if top == "main" || top == "cli" || top == "lib" {
             continue;
         }
