@@ -232,6 +232,8 @@ pub fn of(ranks_in: &[ReportedRank]) -> Option<JobView> {
     }
     let numbers = rank_numbers(ranks_in.iter().map(|r| r.input.as_str()));
     let mut ranks = Vec::new();
+    // For each row: whether it is a message that names its rank (it is matched by that rank's snapshot only).
+    let mut names_rank = Vec::new();
     for (i, a) in ranks_in.iter().enumerate() {
         let rank = numbers[i];
         for d in &a.devices {
@@ -239,6 +241,7 @@ pub fn of(ranks_in: &[ReportedRank]) -> Option<JobView> {
                 Some((at, msg_rank)) => (at.clone(), msg_rank.unwrap_or(rank)),
                 None => (a.input.clone(), rank),
             };
+            names_rank.push(d.unmatched.as_ref().is_some_and(|(_, r)| r.is_some()));
             ranks.push(RankRow {
                 input,
                 rank,
@@ -255,18 +258,12 @@ pub fn of(ranks_in: &[ReportedRank]) -> Option<JobView> {
         }
     }
     // Every rank read the same log: its message is one row, and none where a snapshot of that GPU ran out.
-    // A message that names its rank is matched by that rank's snapshot of the GPU; one that names none, by any.
-    let ranked: std::collections::BTreeSet<&str> = ranks_in
-        .iter()
-        .flat_map(|a| &a.devices)
-        .filter_map(|d| d.unmatched.as_ref().filter(|(_, r)| r.is_some()).map(|(at, _)| at.as_str()))
-        .collect();
     let matched: Vec<(u32, i64)> = ranks.iter().filter(|r| !r.unmatched && r.oom).map(|r| (r.rank, r.device)).collect();
     let mut seen_messages = std::collections::BTreeSet::new();
     let keep: Vec<bool> = ranks
         .iter()
-        .map(|r| {
-            let by_rank = ranked.contains(r.input.as_str());
+        .zip(&names_rank)
+        .map(|(r, &by_rank)| {
             !r.unmatched
                 || (!matched.iter().any(|&(rank, dev)| dev == r.device && (!by_rank || rank == r.rank))
                     && seen_messages.insert(r.input.clone()))

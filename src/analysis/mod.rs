@@ -131,7 +131,8 @@ pub fn analyze_keeping<'t>(
     ids.dedup();
     // Beside a snapshot, the GPUs an nvidia-smi log of the whole node also saw (other ranks' GPUs) are one line,
     // not a report each: they have no allocator data and no OOM message.
-    let snapshot_gpus = tl.devices.iter().any(|d| d.has_allocator_data());
+    let held: Vec<i64> = tl.devices.iter().filter(|d| d.has_allocator_data()).map(|d| d.device).collect();
+    let snapshot_gpus = !held.is_empty();
     let mut other_gpus = Vec::new();
     for id in ids {
         if opts.device.is_some_and(|d| d != id) {
@@ -149,7 +150,7 @@ pub fn analyze_keeping<'t>(
             Some(dev) if snapshot_gpus && observed::last_oom_message(tl, id).is_none() => {
                 other_gpus.push(observed::other_gpu(dev));
             }
-            _ => devices.push(observed::text_only_report(tl, id)),
+            _ => devices.push(observed::text_only_report(tl, id, &held)),
         }
     }
     if snapshot_gpus {
@@ -164,23 +165,7 @@ pub fn analyze_keeping<'t>(
         unmatched.sort_unstable();
         unmatched.dedup();
         for id in unmatched {
-            devices.push(observed::text_only_report(tl, id));
-        }
-        let snapshot_ids: Vec<String> =
-            tl.devices.iter().filter(|d| d.has_allocator_data()).map(|d| d.device.to_string()).collect();
-        for d in devices.iter_mut().filter(|d| d.source == ReportSource::Text && d.oom.is_some()) {
-            d.unmatched = true;
-            d.notes.retain(|n| !n.starts_with("No snapshot for this GPU"));
-            d.notes.insert(
-                0,
-                format!(
-                    "No snapshot given is of GPU {} (the snapshot here is of GPU {}): the figures are the OOM \
-                     message's alone. Give that GPU's own snapshot (_dump_snapshot() in the process that ran out) to \
-                     see what held its memory.",
-                    d.device,
-                    snapshot_ids.join(", ")
-                ),
-            );
+            devices.push(observed::text_only_report(tl, id, &held));
         }
         devices.sort_by_key(|d| d.device);
     }

@@ -145,8 +145,9 @@ pub fn other_gpu(dev: &DeviceTimeline) -> OtherGpu {
     }
 }
 
-/// The report of a GPU only text artifacts describe: its OOM message and what nvidia-smi saw.
-pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
+/// The report of a GPU only text artifacts describe: its OOM message and what nvidia-smi saw. `snapshot_gpus`: the
+/// GPUs the input's snapshots hold (none without a snapshot); beside them, an OOM of this GPU is said as unmatched.
+pub fn text_only_report(tl: &Timeline, device: i64, snapshot_gpus: &[i64]) -> DeviceReport {
     let empty = DeviceTimeline { device, ..Default::default() };
     let dev = tl.device(device).unwrap_or(&empty);
     let msg = last_oom_message(tl, device);
@@ -169,8 +170,17 @@ pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
         message: Some(m.clone()),
     });
     let oom_count = tl.ooms.iter().filter(|o| o.device.unwrap_or(0) == device).count();
+    let unmatched = msg.is_some() && !snapshot_gpus.is_empty();
     let mut notes = Vec::new();
-    if msg.is_some() {
+    if unmatched {
+        let ids: Vec<String> = snapshot_gpus.iter().map(i64::to_string).collect();
+        notes.push(format!(
+            "No snapshot given is of GPU {device} (the snapshot here is of GPU {}): the figures are the OOM message's \
+             alone. Give that GPU's own snapshot (_dump_snapshot() in the process that ran out) to see what held its \
+             memory.",
+            ids.join(", ")
+        ));
+    } else if msg.is_some() {
         notes.push(
             "No snapshot for this GPU: the figures are the OOM message's. A snapshot shows who allocated what: \
              torch.cuda.memory._record_memory_history() early in the job, _dump_snapshot() when it fails."
@@ -203,7 +213,7 @@ pub fn text_only_report(tl: &Timeline, device: i64) -> DeviceReport {
         budget: None,
         observed,
         source: ReportSource::Text,
-        unmatched: false,
+        unmatched,
         verdict: None,
         holder: None,
         notes,

@@ -18,6 +18,11 @@ pub const BUDGET_HELP: &str =
     gradient accumulation, ZeRO-3, more GPUs, CPU offload; for serving FP8 KV cache, FP8 weights, fewer sequences, \
     4-bit weights, shorter context, tensor parallelism) and proposes the cheapest set of changes that fits.";
 
+/// The help headings of the model's and the run's flags (the commands that take them beside a snapshot list them in
+/// `--help` only).
+pub const MODEL_HEADING: &str = "Model (a config.json, flags, or both: flags win)";
+pub const RUN_HEADING: &str = "Run";
+
 pub const BUDGET_EXAMPLES: &str = "\
 Examples (the shape flags run as written; --config reads a model's config.json instead):
   # 7B with AdamW in mixed precision: 16 bytes per parameter before a single activation
@@ -41,7 +46,7 @@ Known GPUs: h100-80gb, h200, a100-80gb, a100-40gb, l40s, l4, a10g, 4090, 3090, t
 
 /// What the model is.
 #[derive(clap::Args, Clone, Debug, Default)]
-#[command(next_help_heading = "Model (a config.json, flags, or both: flags win)")]
+#[command(next_help_heading = MODEL_HEADING)]
 pub struct ModelArgs {
     /// A Hugging Face config.json: layers, hidden size, heads, KV heads, head_dim, intermediate size, vocabulary,
     /// tied embeddings, torch_dtype, MoE and MLA fields.
@@ -84,7 +89,7 @@ pub struct ModelArgs {
 
 /// How the model runs.
 #[derive(clap::Args, Clone, Debug)]
-#[command(next_help_heading = "Run")]
+#[command(next_help_heading = RUN_HEADING)]
 pub struct RunArgs {
     /// Budget a training step.
     #[arg(long, conflicts_with = "infer")]

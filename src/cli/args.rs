@@ -287,7 +287,9 @@ pub fn command() -> clap::Command {
             return sub;
         }
         sub.mut_args(|a| match a.get_help_heading() {
-            Some(h) if h.starts_with("Model") || h == "Run" => a.hide_short_help(true),
+            Some(h) if [oomdoc::budget::args::MODEL_HEADING, oomdoc::budget::args::RUN_HEADING].contains(&h) => {
+                a.hide_short_help(true)
+            }
             _ => a,
         })
     })

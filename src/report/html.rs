@@ -119,7 +119,7 @@ pub fn fragment(a: &Analysis, tl: &Timeline) -> String {
         let _ = writeln!(o, "<section id=\"verdict\">\n<h2>Verdict</h2>");
         for d in &a.devices {
             let Some(v) = &d.verdict else { continue };
-            let _ = match v.summary.strip_prefix(&format!("GPU {} ", d.device)) {
+            let _ = match wording::summary_after_gpu(d, &v.summary) {
                 Some(rest) => writeln!(o, "<p class=\"summary\"><strong>GPU {}</strong> {}</p>", d.device, esc(rest)),
                 None => writeln!(o, "<p class=\"summary\"><strong>GPU {}</strong>: {}</p>", d.device, esc(&v.summary)),
             };

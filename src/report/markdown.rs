@@ -66,7 +66,7 @@ pub fn render(a: &Analysis, tl: &Timeline) -> String {
         let _ = writeln!(o, "### Verdict\n");
         for d in &a.devices {
             let Some(v) = &d.verdict else { continue };
-            let _ = match v.summary.strip_prefix(&format!("GPU {} ", d.device)) {
+            let _ = match wording::summary_after_gpu(d, &v.summary) {
                 Some(rest) => writeln!(o, "**GPU {}** {}\n", d.device, esc(rest)),
                 None => writeln!(o, "**GPU {}**: {}\n", d.device, esc(&v.summary)),
             };

@@ -457,6 +457,12 @@ pub fn place(d: &DeviceReport) -> String {
     }
 }
 
+/// A verdict's summary after its subject, when it starts with "GPU N" (most do): the formats that head it with the
+/// GPU in bold then do not name it twice.
+pub fn summary_after_gpu<'a>(d: &DeviceReport, summary: &'a str) -> Option<&'a str> {
+    summary.strip_prefix(&format!("GPU {} ", d.device))
+}
+
 pub fn verdict_detail(d: &DeviceReport) -> Vec<String> {
     let Some(v) = &d.verdict else { return Vec::new() };
     let mut out = Vec::new();

@@ -151,9 +151,8 @@ pub struct SegState {
 pub struct State {
     pub segments: FxHashMap<u64, SegState>,
     blocks: FxHashMap<u64, LiveBlock>,
-    /// Every block's start, in order: kept only while a trace is undone, from the first free that must be found
-    /// inside the free block that took it in (a walk of its segment's chain would visit thousands of blocks per
-    /// free). `None` going forward, which never needs it, and until an undo first needs it.
+    /// Every block's start, in order: kept only while a trace is undone and its frees must be found inside long free
+    /// blocks (see [`State::block_holding`]). `None` going forward, which never needs it.
     starts: Option<std::collections::BTreeSet<u64>>,
     /// Undoing: the index of starts may be built.
     undoing: bool,
@@ -289,8 +288,6 @@ impl State {
         }
     }
 
-    /// Undoing a trace (`on`) or done: while undoing, the index of block starts is built the first time a free is
-    /// found inside a free block, and kept from then on.
     /// A copy without the undo's index (a state to replay forward from).
     fn without_index(&self) -> State {
         State {
@@ -306,6 +303,7 @@ impl State {
         }
     }
 
+    /// Undoing a trace (`on`) or done: while undoing, [`State::block_holding`] may build the index of block starts.
     fn undoing(&mut self, on: bool) {
         self.undoing = on;
         self.starts = None;
@@ -1125,21 +1123,24 @@ impl Undone<'_> {
 /// What a pass says that anything reads: the layout and the blocks in use with what describes them, at every
 /// checkpoint and at the end, the anomalies, the series and the peaks. (Free blocks' descriptions are read by
 /// nothing, and a map's order is not part of a state.)
+/// A state as [`seen`] compares it.
+fn state_seen(st: &State) -> String {
+    let mut segs: Vec<_> = st.segments.values().map(|s| format!("{s:?}")).collect();
+    segs.sort();
+    let mut blocks: Vec<_> = st
+        .blocks
+        .iter()
+        .map(|(a, b)| match b.state {
+            BlockState::Inactive => format!("{a:x} {} {:?} {:?} {:?}", b.size, b.segment, b.prev, b.next),
+            _ => format!("{a:x} {b:?}"),
+        })
+        .collect();
+    blocks.sort();
+    format!("{} {} {} {segs:?} {blocks:?}", st.allocated, st.active, st.reserved)
+}
+
 fn seen(p: &Pass) -> String {
-    let state = |st: &State| {
-        let mut segs: Vec<_> = st.segments.values().map(|s| format!("{s:?}")).collect();
-        segs.sort();
-        let mut blocks: Vec<_> = st
-            .blocks
-            .iter()
-            .map(|(a, b)| match b.state {
-                BlockState::Inactive => format!("{a:x} {} {:?} {:?} {:?}", b.size, b.segment, b.prev, b.next),
-                _ => format!("{a:x} {b:?}"),
-            })
-            .collect();
-        blocks.sort();
-        format!("{} {} {} {segs:?} {blocks:?}", st.allocated, st.active, st.reserved)
-    };
+    let state = state_seen;
     let anomalies: Vec<_> = p.anomalies.iter().map(|a| (a.event, a.what)).collect();
     format!(
         "{:?}\n{}\n{anomalies:?}\n{:?} {:?}\n{:?}\n{:?} {}",
@@ -1176,6 +1177,32 @@ pub fn forward_cut_agrees(
         (undone.forward(dev, &rules), joined)
     });
     Some((seen(&one) == seen(&two), joined))
+}
+
+/// For the tests (`tests/it/replay_cut.rs`): undoes the whole trace finding each free's block by the index of block
+/// starts from the first event, and again by walking the segments' chains only, and says whether the two rebuilt the
+/// same state with the same anomalies (`None`: no trace).
+#[doc(hidden)]
+pub fn undo_with_index_agrees(dev: &DeviceTimeline, settings: Option<&AllocatorSettings>) -> Option<bool> {
+    if dev.events.is_empty() {
+        return None;
+    }
+    let rules = Rules::new(settings, dev);
+    let undo_all = |indexed: bool| {
+        let mut st = State::from_segments(&dev.segments);
+        if indexed {
+            st.undoing(true);
+            st.starts = Some(st.blocks.keys().copied().collect());
+        }
+        let mut anomalies = Vec::new();
+        for (i, e) in dev.events.iter().enumerate().rev() {
+            if let Err(what) = st.unapply(e, &rules, &dev.event_attrs) {
+                anomalies.push((i, what));
+            }
+        }
+        (state_seen(&st), anomalies)
+    };
+    Some(undo_all(true) == undo_all(false))
 }
 
 impl<'t> Replay<'t> {

@@ -18,6 +18,20 @@ fn stats(file: &Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("--stats prints JSON")
 }
 
+/// Writes a bench file with these generator arguments to a scratch path, which the caller removes.
+fn generate(tag: &str, args: &[&str]) -> std::path::PathBuf {
+    let file = std::env::temp_dir().join(format!("oomdoc-bench-{tag}-{}.pickle", std::process::id()));
+    let gen = Command::new("python3")
+        .arg("bench/gen_bench_snapshot.py")
+        .args(args)
+        .arg("-o")
+        .arg(&file)
+        .output()
+        .expect("python3 runs");
+    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    file
+}
+
 fn figure(v: &Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or_else(|| panic!("no {key} in {v}"))
 }
@@ -47,13 +61,7 @@ fn the_real_variant_has_the_statistics_of_real_snapshots() {
     let one = stats(Path::new("fixtures/real/cs336-bcrafton-t210.pickle"));
     assert_eq!((figure(&one, "lists_per_entry"), figure(&one, "bytes_per_entry")), (0.667, 195.9));
 
-    let file = std::env::temp_dir().join(format!("oomdoc-bench-real-{}.pickle", std::process::id()));
-    let gen = Command::new("python3")
-        .args(["bench/gen_bench_snapshot.py", "--variant", "real", "--entries", "20000", "-o"])
-        .arg(&file)
-        .output()
-        .expect("python3 runs");
-    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    let file = generate("real", &["--variant", "real", "--entries", "20000"]);
     let s = stats(&file);
     let (l, b) = (figure(&s, "lists_per_entry"), figure(&s, "bytes_per_entry"));
     assert!(lists.0 <= l && l <= lists.1, "lists per entry {l}, real files {lists:?}");
@@ -102,13 +110,7 @@ fn the_python_stacks_variant_has_the_statistics_of_python_stack_captures() {
     }
     assert!(measured.len() >= 4, "python-stack training traces: {measured:?}");
 
-    let file = std::env::temp_dir().join(format!("oomdoc-bench-python-{}.pickle", std::process::id()));
-    let gen = Command::new("python3")
-        .args(["bench/gen_bench_snapshot.py", "--variant", "real", "--stacks", "python", "--entries", "100000", "-o"])
-        .arg(&file)
-        .output()
-        .expect("python3 runs");
-    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    let file = generate("python", &["--variant", "real", "--stacks", "python", "--entries", "100000"]);
     let s = stats(&file);
     for (r, k) in range.iter().zip(keys) {
         let x = figure(&s, k);
@@ -161,13 +163,7 @@ fn the_wrapped_variant_has_the_statistics_of_wrapped_real_traces() {
         }
     }
     assert!(wrapped >= 5, "only {wrapped} wrapped real traces");
-    let file = std::env::temp_dir().join(format!("oomdoc-bench-wrapped-{}.pickle", std::process::id()));
-    let gen = Command::new("python3")
-        .args(["bench/gen_bench_snapshot.py", "--variant", "real", "--wrap", "0.5", "--entries", "20000", "-o"])
-        .arg(&file)
-        .output()
-        .expect("python3 runs");
-    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    let file = generate("wrapped", &["--variant", "real", "--wrap", "0.5", "--entries", "20000"]);
     let s = stats(&file);
     let _ = std::fs::remove_file(&file);
     let (b, u) = (figure(&s, "blocks_before_trace"), figure(&s, "frees_unseen_per_entry"));
