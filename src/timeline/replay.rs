@@ -151,9 +151,11 @@ pub struct SegState {
 pub struct State {
     pub segments: FxHashMap<u64, SegState>,
     blocks: FxHashMap<u64, LiveBlock>,
-    /// Every block's start, in order: kept only while a trace is undone and its frees must be found inside long free
-    /// blocks (see [`State::block_holding`]). `None` going forward, which never needs it.
-    starts: Option<std::collections::BTreeSet<u64>>,
+    /// Every block's start, by segment, in address order: kept only while a trace is undone and its frees must be
+    /// found inside long free blocks (see [`State::block_holding`]). `None` going forward, which never needs it. A
+    /// sorted vector per segment, not one tree: a segment holds hundreds to thousands of blocks, and moving a few KB
+    /// on an insert costs less than a tree's rebalancing (the undo of the wrapped bench trace: 45 → 35 ms).
+    starts: Option<FxHashMap<u64, Vec<u64>>>,
     /// Undoing: the index of starts may be built.
     undoing: bool,
     /// Chain walks while undoing, and the blocks they visited: the index is built once the walks are long.
@@ -247,16 +249,23 @@ impl State {
 
     fn insert_block(&mut self, addr: u64, b: LiveBlock) {
         if let Some(starts) = &mut self.starts {
-            starts.insert(addr);
+            let v = starts.entry(b.segment).or_default();
+            let at = v.partition_point(|&a| a < addr);
+            if v.get(at) != Some(&addr) {
+                v.insert(at, addr);
+            }
         }
         self.blocks.insert(addr, b);
     }
 
     fn remove_block(&mut self, addr: u64) -> Option<LiveBlock> {
-        if let Some(starts) = &mut self.starts {
-            starts.remove(&addr);
+        let b = self.blocks.remove(&addr)?;
+        if let Some(v) = self.starts.as_mut().and_then(|s| s.get_mut(&b.segment)) {
+            if let Ok(at) = v.binary_search(&addr) {
+                v.remove(at);
+            }
         }
-        self.blocks.remove(&addr)
+        Some(b)
     }
 
     /// The block that holds `addr`: by the index of starts where it is kept, else by a walk of its segment's chain.
@@ -267,11 +276,12 @@ impl State {
     fn block_holding(&mut self, seg: u64, addr: u64) -> Option<(u64, LiveBlock)> {
         let holds = |a: u64, b: &LiveBlock| a <= addr && addr < a + b.size;
         if self.starts.is_none() && self.undoing && self.walks >= 256 && self.walked > 32 * self.walks {
-            self.starts = Some(self.blocks.keys().copied().collect());
+            self.starts = Some(self.index_of_starts());
         }
         match &self.starts {
             Some(starts) => {
-                let a = *starts.range(..=addr).next_back()?;
+                let v = starts.get(&seg)?;
+                let a = v[v.partition_point(|&a| a <= addr).checked_sub(1)?];
                 self.blocks.get(&a).filter(|b| b.segment == seg && holds(a, b)).map(|b| (a, b.clone()))
             }
             None => {
@@ -286,6 +296,18 @@ impl State {
                 found
             }
         }
+    }
+
+    /// Every block's start, by segment, in address order.
+    fn index_of_starts(&self) -> FxHashMap<u64, Vec<u64>> {
+        let mut starts: FxHashMap<u64, Vec<u64>> = FxHashMap::default();
+        for (&a, b) in &self.blocks {
+            starts.entry(b.segment).or_default().push(a);
+        }
+        for v in starts.values_mut() {
+            v.sort_unstable();
+        }
+        starts
     }
 
     /// A copy without the undo's index (a state to replay forward from).
@@ -1192,7 +1214,7 @@ pub fn undo_with_index_agrees(dev: &DeviceTimeline, settings: Option<&AllocatorS
         let mut st = State::from_segments(&dev.segments);
         if indexed {
             st.undoing(true);
-            st.starts = Some(st.blocks.keys().copied().collect());
+            st.starts = Some(st.index_of_starts());
         }
         let mut anomalies = Vec::new();
         for (i, e) in dev.events.iter().enumerate().rev() {
