@@ -167,8 +167,11 @@ pub fn analyze_keeping<'t>(
         for id in unmatched {
             devices.push(observed::text_only_report(tl, id, &held));
         }
-        devices.sort_by_key(|d| d.device);
     }
+    // The GPU that ran out leads every report (the first to run out first); the others follow in their order.
+    devices.sort_by_key(|d| {
+        (d.oom.is_none(), d.oom.as_ref().map_or(i64::MAX, |_| d.time_us.unwrap_or(i64::MAX)), d.device)
+    });
     if let Some(d) = opts.device {
         if devices.is_empty() {
             let have: Vec<String> = tl.devices.iter().map(|d| d.device.to_string()).collect();
@@ -178,7 +181,7 @@ pub fn analyze_keeping<'t>(
             });
         }
     }
-    imbalance_facts(&mut devices);
+    imbalance_facts(tl, &mut devices);
     let profile_summary = profile::summarize(&tl.profile, opts.top);
     let mut job_facts = serving::facts(&tl.serving);
     if let Some(p) = &profile_summary {
@@ -303,9 +306,11 @@ fn analyze_device<'t>(
 }
 
 /// When one process holds several GPUs, how each compares with the others: a GPU holding a multiple of what
-/// the others hold ran different work (a pipeline stage, a rank-0-only evaluation, an unbalanced split), and the
-/// stacks only it holds say which.
-fn imbalance_facts(devices: &mut [DeviceReport]) {
+/// the others hold ran different work (a pipeline stage, a rank-0-only evaluation, an unbalanced split) or the same
+/// work on more data (an uneven scatter). Judged per line as well as in total: the lines that allocated, here and on
+/// the others, and how much more they hold here, say which — the same lines ten times larger is a scatter, lines only
+/// this GPU runs are a split — and the frames say which parallelism the program used.
+fn imbalance_facts(tl: &Timeline, devices: &mut [DeviceReport]) {
     let held: Vec<(usize, u64)> = devices
         .iter()
         .enumerate()
@@ -315,23 +320,69 @@ fn imbalance_facts(devices: &mut [DeviceReport]) {
     if held.len() < 2 {
         return;
     }
-    for &(i, bytes) in &held {
+    // Each GPU's live bytes by the user's lines that allocated them, three deep: every live stack, not only the
+    // listed ones, named the same way on every GPU.
+    let mut names: FxHashMap<StackId, String> = FxHashMap::default();
+    let by_line: Vec<FxHashMap<String, u64>> = held
+        .iter()
+        .map(|&(i, _)| {
+            let mut m: FxHashMap<String, u64> = FxHashMap::default();
+            for &(id, b) in &devices[i].live_stacks {
+                let line = names.entry(id).or_insert_with(|| stacks::user_chain(tl, id, 3));
+                *m.entry(line.clone()).or_default() += b;
+            }
+            m
+        })
+        .collect();
+    let first_gpu = held.iter().map(|&(i, _)| devices[i].device).min();
+    let mut computed = Vec::new();
+    for (k, &(i, bytes)) in held.iter().enumerate() {
         let mut others: Vec<u64> = held.iter().filter(|(j, _)| *j != i).map(|(_, b)| *b).collect();
         others.sort_unstable();
         let median = others[others.len() / 2];
         let max_other = *others.last().expect("at least one other");
-        let theirs: Vec<&str> = held
+        // Per line: what it holds here beyond the median of what it holds on the others.
+        let mut lines: Vec<(&str, u64, u64)> = by_line[k]
             .iter()
-            .filter(|(j, _)| *j != i)
-            .flat_map(|(j, _)| devices[*j].by_stack.iter().map(|g| g.callers.as_str()))
+            .map(|(line, &mine)| {
+                let mut theirs: Vec<u64> = by_line
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != k)
+                    .map(|(_, m)| m.get(line).copied().unwrap_or(0))
+                    .collect();
+                theirs.sort_unstable();
+                (line.as_str(), mine, theirs[theirs.len() / 2])
+            })
+            .filter(|&(_, mine, theirs)| mine > theirs)
             .collect();
-        let own: Vec<String> = devices[i]
-            .by_stack
+        lines.sort_by(|a, b| (b.1 - b.2).cmp(&(a.1 - a.2)).then(a.0.cmp(b.0)));
+        let total_excess: u64 = lines.iter().map(|&(_, m, t)| m - t).sum();
+        let named: Vec<&(&str, u64, u64)> =
+            lines.iter().take(3).filter(|&&(_, m, t)| (m - t) as f64 >= 0.05 * total_excess as f64).collect();
+        let words: Vec<String> = named
             .iter()
-            .filter(|g| !theirs.contains(&g.callers.as_str()))
-            .take(3)
-            .map(|g| format!("{} ({})", g.callers, crate::units::bytes(g.bytes)))
+            .map(|&&(chain, mine, theirs)| {
+                let line = innermost_line(chain);
+                if theirs == 0 {
+                    format!("{line}: {} here, on no other GPU", crate::units::bytes(mine))
+                } else {
+                    format!(
+                        "{line}: {} here, {:.0}× the {} it holds on the others",
+                        crate::units::bytes(mine),
+                        mine as f64 / theirs as f64,
+                        crate::units::bytes(theirs)
+                    )
+                }
+            })
             .collect();
+        // The same lines larger here (a scatter) or lines only this GPU runs (a split): the top line says.
+        let same_lines_ratio = named.first().map_or(0.0, |&&(_, m, t)| if t == 0 { 0.0 } else { m as f64 / t as f64 });
+        let parallelism = parallelism(&devices[i].by_stack);
+        computed.push((i, bytes, median, max_other, words, same_lines_ratio, parallelism, first_gpu));
+    }
+    for (i, bytes, median, max_other, words, same_lines_ratio, parallelism, first_gpu) in computed {
+        let device = devices[i].device;
         let f = &mut devices[i].facts;
         f.num(
             "imbalance.ratio",
@@ -354,16 +405,64 @@ fn imbalance_facts(devices: &mut [DeviceReport]) {
         f.num("imbalance.gpus", held.len() as f64, facts::Unit::Count, "GPUs with allocator data in this file");
         f.text(
             "imbalance.stacks",
-            if own.is_empty() { "the same stacks as the others".to_string() } else { own.join("; ") },
-            "the largest stacks this GPU holds that the others do not",
+            if words.is_empty() { "no line holds more here than on the others".to_string() } else { words.join("; ") },
+            "the lines holding the most more here than on the other GPUs, with how much",
+        );
+        f.num(
+            "imbalance.same_lines_ratio",
+            same_lines_ratio,
+            facts::Unit::Plain,
+            "the line holding the most more here: its bytes here ÷ on the others (0: only this GPU runs it)",
+        );
+        f.text(
+            "imbalance.parallelism",
+            parallelism,
+            "how the program spread its work, from its frames: DataParallel, DistributedDataParallel, FSDP, pipeline, device_map or none",
+        );
+        f.flag(
+            "imbalance.first_gpu",
+            Some(device) == first_gpu,
+            "the lowest-numbered GPU here (DataParallel's output device, where it gathers)",
         );
     }
 }
 
-/// Most important first: errors before warnings before info, then by device, then by the memory they explain,
-/// then in rule order.
-pub fn sort_findings(findings: &mut [Finding]) {
-    findings.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.device.cmp(&b.device)).then(b.bytes.cmp(&a.bytes)));
+/// A user chain's innermost line, as the reports name a line: `forward (model.py:41) ← …` → `model.py:41 in forward`.
+fn innermost_line(chain: &str) -> String {
+    let first = chain.split(" ← ").next().unwrap_or(chain);
+    match first.strip_suffix(')').and_then(|f| f.rsplit_once(" (")) {
+        Some((name, place)) => format!("{place} in {name}"),
+        None => first.to_string(),
+    }
+}
+
+/// The parallelism a GPU's allocating stacks run through, by the library files in their frames.
+fn parallelism(groups: &[StackGroup]) -> &'static str {
+    const KINDS: [(&str, &str); 7] = [
+        ("/torch/nn/parallel/parallel_apply.py", "DataParallel"),
+        ("/torch/nn/parallel/data_parallel.py", "DataParallel"),
+        ("/torch/nn/parallel/distributed.py", "DistributedDataParallel"),
+        ("/torch/distributed/fsdp/", "FSDP"),
+        ("/torch/distributed/pipelining/", "pipeline"),
+        ("/accelerate/hooks.py", "device_map"),
+        ("/accelerate/big_modeling.py", "device_map"),
+    ];
+    let mut bytes: FxHashMap<&str, u64> = FxHashMap::default();
+    for g in groups {
+        if let Some(&(_, kind)) = KINDS.iter().find(|(file, _)| g.stack.iter().any(|f| f.contains(file))) {
+            *bytes.entry(kind).or_default() += g.bytes;
+        }
+    }
+    bytes.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(a.0))).map_or("none", |(k, _)| k)
+}
+
+/// Most important first: errors before warnings before info, then by device in the report's order (the GPU that
+/// ran out first), then by the memory they explain, then in rule order.
+pub fn sort_findings(findings: &mut [Finding], device_order: &[i64]) {
+    let place = |d: Option<i64>| d.map(|d| device_order.iter().position(|&o| o == d).unwrap_or(usize::MAX));
+    findings.sort_by(|a, b| {
+        b.severity.cmp(&a.severity).then(place(a.device).cmp(&place(b.device))).then(b.bytes.cmp(&a.bytes))
+    });
 }
 
 /// The report of one device at `moment` (event `idx`), with the allocator state there.

@@ -162,6 +162,9 @@ fn most<K: Ord>(m: FxHashMap<K, u64>) -> Option<(K, u64)> {
 /// Ranks each GPU's findings by the memory they explain, caps the severity of those that explain little, and
 /// writes each GPU's verdict.
 pub fn attach(a: &mut Analysis) {
+    // The GPU that ran out (the first, in the report's order): the others' verdicts point to it instead of giving
+    // remedies for memory that did not run out.
+    let ran_out = a.devices.iter().find(|d| d.oom.is_some()).map(|d| d.device);
     for d in &mut a.devices {
         let scale = scale(d);
         let mut mine: Vec<&mut Finding> = a.findings.iter_mut().filter(|f| f.device == Some(d.device)).collect();
@@ -187,9 +190,11 @@ pub fn attach(a: &mut Analysis) {
             .collect();
         causes.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(y.severity.cmp(&x.severity)));
         let primary = primary.map(|i| &*mine[i]);
-        d.verdict = Some(verdict(d, primary, causes));
+        let other_ran_out = ran_out.filter(|_| d.oom.is_none());
+        d.verdict = Some(verdict(d, primary, causes, other_ran_out));
     }
-    super::sort_findings(&mut a.findings);
+    let order: Vec<i64> = a.devices.iter().map(|d| d.device).collect();
+    super::sort_findings(&mut a.findings, &order);
 }
 
 /// The memory in question: what PyTorch held, plus what it asked for at an OOM.
@@ -217,7 +222,7 @@ fn primary(findings: &[&mut Finding]) -> Option<usize> {
     })
 }
 
-fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> Verdict {
+fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, other_ran_out: Option<i64>) -> Verdict {
     let fact_bytes = |name: &str| match d.facts.get(name).map(|f| &f.value) {
         Some(super::facts::Val::Num(n)) if *n >= 0.0 => Some(*n as u64),
         _ => None,
@@ -328,6 +333,14 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
         None => first.push('.'),
     }
     let second = match primary {
+        // Another GPU ran out: this one's findings are not the cause of that OOM.
+        Some(f) if other_ran_out.is_some() => format!(
+            "It did not run out of memory; GPU {} did. Found here: {} [{}]{}.",
+            other_ran_out.expect("matched"),
+            lowercase_first(&f.title),
+            f.rule,
+            f.bytes.map_or(String::new(), |b| format!(", explaining {}", bytes(b)))
+        ),
         Some(f) => format!(
             "Primary cause: {} [{}]{}.",
             lowercase_first(&f.title),
@@ -335,6 +348,9 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
             f.bytes.map_or(String::new(), |b| format!(", explaining {}", bytes(b)))
         ),
         None => match &holder {
+            Some(_) if other_ran_out.is_some() => {
+                format!("It did not run out of memory; GPU {} did.", other_ran_out.expect("matched"))
+            }
             Some(h) => format!(
                 "No checklist item names a cause beyond that; for {}: {}.",
                 category_words(h.category, &h.stack),
@@ -345,7 +361,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>) -> V
     };
     let summary = if second.is_empty() { first } else { format!("{first} {second}") };
     let remedies = match (primary, &holder) {
-        (None, Some(h)) => remedies(h.category).iter().map(|s| s.to_string()).collect(),
+        (None, Some(h)) if other_ran_out.is_none() => remedies(h.category).iter().map(|s| s.to_string()).collect(),
         _ => Vec::new(),
     };
     Verdict {

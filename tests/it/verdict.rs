@@ -95,6 +95,48 @@ fn class_1_one_gpu_full_of_activations_beside_two_that_are_not() {
     assert!(g1["summary"].as_str().unwrap().contains("checkpointing"), "{g1}");
 }
 
+/// nn.DataParallel with an uneven scatter: the same model lines allocate ~12× on GPU 1, which runs out. The failing
+/// GPU leads every format, the others say they did not run out (no remedies of their own), and the imbalance names
+/// the lines whose bytes differ and DataParallel's scatter. Near miss: chunks alike, GPU 0 runs out first, and no
+/// imbalance is claimed.
+#[test]
+fn class_1b_dataparallel_with_an_uneven_scatter() {
+    let snap = "fixtures/generated/verdict/class1-dataparallel-uneven-scatter.pickle";
+    let v = verdict_fixture("class1-dataparallel-uneven-scatter");
+    let order: Vec<i64> = v["devices"].as_array().unwrap().iter().map(|d| d["device"].as_i64().unwrap()).collect();
+    assert_eq!(order, [1, 0, 2], "the GPU that ran out leads");
+    let f = finding(&v, "device-imbalance");
+    assert_eq!(f["device"], 1);
+    assert_eq!(v["findings"][0]["rule"], "device-imbalance", "its finding comes first: {}", v["findings"]);
+    let msg = f["message"].as_str().unwrap();
+    assert!(msg.contains("nn.DataParallel") && msg.contains("scatter"), "{msg}");
+    assert!(msg.contains("encoder.py:44 in forward: 11.3 GiB here, 12× the 968 MiB"), "{msg}");
+    assert!(f["fix"].as_str().unwrap().contains("DistributedDataParallel"), "{f}");
+    assert!(!f["fix"].as_str().unwrap().contains("device_map"), "{f}");
+    let g1 = &device(&v, 1)["verdict"];
+    assert_eq!(g1["primary_rule"], "device-imbalance");
+    for other in [0, 2] {
+        let g = &device(&v, other)["verdict"];
+        assert!(g["summary"].as_str().unwrap().contains("It did not run out of memory; GPU 1 did."), "{g}");
+        assert!(g["remedies"].as_array().unwrap().is_empty(), "{g}");
+    }
+    // Every format leads with GPU 1.
+    for format in ["text", "markdown", "html"] {
+        let out = stdout(&oomdoc(&["analyze", "--format", format, snap]));
+        let first = |needle: &str| out.find(needle).unwrap_or_else(|| panic!("{format}: no {needle:?}"));
+        // GPU 1's OOM, then GPU 0's peak, then GPU 2's (Markdown and HTML set the GPU's name apart).
+        assert!(first("ran out of memory asking for 2.83 GiB") < first("peaked at 11.4 GiB"), "{format}");
+        assert!(first("peaked at 11.4 GiB") < first("peaked at 5.57 GiB"), "{format}");
+    }
+
+    let even = verdict_fixture("class1-dataparallel-even");
+    assert!(!rules_fired(&even).iter().any(|r| r.starts_with("device-imbalance")), "{:?}", rules_fired(&even));
+    assert_eq!(even["devices"][0]["device"], 0);
+    let g0 = &device(&even, 0)["verdict"];
+    assert_eq!(g0["holder"]["category"], "activation");
+    assert!(!g0["remedies"].as_array().unwrap().is_empty(), "the GPU that ran out keeps its remedies: {g0}");
+}
+
 #[test]
 fn class_2_an_evaluation_loop_without_no_grad_is_a_leak_without_an_optimizer() {
     let v = verdict_fixture("class2-eval-without-no-grad");
