@@ -12,6 +12,7 @@ pub mod model;
 pub mod observed;
 pub mod prediction;
 pub mod profile;
+pub mod raising_line;
 pub mod serving;
 pub mod stacks;
 pub mod verdict;

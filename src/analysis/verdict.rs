@@ -10,6 +10,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::attribution::{module_and_phase, Attribution, Reason, Source};
+use super::raising_line::{self, Decider, Figures, Likely};
 use super::{Analysis, DeviceReport, Finding, Moment, ReportSource, Severity};
 use crate::timeline::replay::State;
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
@@ -89,6 +90,12 @@ pub struct Verdict {
     pub arithmetic: Option<Arithmetic>,
     /// When no rule names the cause: what usually helps with the memory that holds the most.
     pub remedies: Vec<String>,
+    /// Without allocator data, which of the OOM message's figures decided it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<Decider>,
+    /// Without allocator data, what the line that raised it was likely doing (from the traceback).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub likely: Option<Likely>,
 }
 
 /// The largest category of live memory at the moment and the lines that allocated most of it.
@@ -242,6 +249,31 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
         allowed_bytes: allowed,
     });
     let holder = d.holder.clone();
+    // Without allocator data the message is all there is: its arithmetic decides, its traceback hints.
+    let message_only = holder.is_none() && d.oom.is_some();
+    let decided_by = arithmetic.as_ref().filter(|_| message_only).and_then(|a| {
+        raising_line::decided_by(&Figures {
+            requested: a.requested_bytes,
+            device_free: a.device_free_bytes,
+            capacity: a.capacity_bytes,
+            allowed: a.allowed_bytes,
+            reserved_unallocated: Some(d.reserved_unallocated_bytes).filter(|_| d.reserved_bytes > 0),
+            outside_decided: matches!(
+                d.facts.get("oom.outside_decided").map(|f| &f.value),
+                Some(super::facts::Val::Bool(true))
+            ),
+        })
+    });
+    let likely =
+        d.oom.as_ref().and_then(|o| o.message.as_ref()).filter(|_| message_only).and_then(raising_line::likely);
+    let likely_words = likely.as_ref().map_or(String::new(), |l| {
+        format!(
+            " It failed at {}{}: likely {}.",
+            l.at,
+            l.code.as_ref().map_or(String::new(), |c| format!(" (`{c}`)")),
+            l.what
+        )
+    });
     let mut first = match &d.oom {
         Some(o) => {
             let mut s = format!(
@@ -332,6 +364,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
         }
         None => first.push('.'),
     }
+    first.push_str(&likely_words);
     let second = match primary {
         // Another GPU ran out: this one's findings are not the cause of that OOM.
         Some(f) if other_ran_out.is_some() => format!(
@@ -348,6 +381,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
             f.bytes.map_or(String::new(), |b| format!(", explaining {}", bytes(b)))
         ),
         None => match &holder {
+            None => decided_by.map_or(String::new(), |dec| decider_words(dec, d, arithmetic.as_ref())),
             Some(_) if other_ran_out.is_some() => {
                 format!("It did not run out of memory; GPU {} did.", other_ran_out.expect("matched"))
             }
@@ -356,14 +390,23 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
                 category_words(h.category, &h.stack),
                 remedies(h.category).first().copied().unwrap_or("")
             ),
-            None => String::new(),
         },
     };
     let summary = if second.is_empty() { first } else { format!("{first} {second}") };
-    let remedies = match (primary, &holder) {
+    let mut remedies: Vec<String> = match (primary, &holder) {
         (None, Some(h)) if other_ran_out.is_none() => remedies(h.category).iter().map(|s| s.to_string()).collect(),
         _ => Vec::new(),
     };
+    if primary.is_none() {
+        if decided_by == Some(Decider::Cap) {
+            remedies.push(
+                "if the cap was not meant, raise or remove it (torch.cuda.set_per_process_memory_fraction in your \
+                 code or a library's, a serving engine's gpu_memory_utilization)"
+                    .into(),
+            );
+        }
+        remedies.extend(likely.as_ref().map(|l| l.remedy.to_string()));
+    }
     Verdict {
         summary,
         primary_rule: primary.map(|f| f.rule.clone()),
@@ -372,6 +415,39 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
         causes,
         arithmetic,
         remedies,
+        decided_by,
+        likely,
+    }
+}
+
+/// The sentence that names what decided an OOM when only its message is known and no rule named a cause.
+fn decider_words(dec: Decider, d: &DeviceReport, a: Option<&Arithmetic>) -> String {
+    let figure = |v: Option<u64>| v.map_or("?".to_string(), bytes);
+    let req = figure(a.and_then(|a| a.requested_bytes));
+    match dec {
+        Decider::Cap => format!(
+            "The process's cap decided it: PyTorch had reserved {} of the {} it was allowed and asked for {req} \
+             more, with {} still free on the GPU.",
+            bytes(d.reserved_bytes),
+            figure(a.and_then(|a| a.allowed_bytes)),
+            figure(a.and_then(|a| a.device_free_bytes)),
+        ),
+        Decider::Fragmentation => format!(
+            "The cache's fragments decided it: {} was reserved but unallocated, more than the {req} asked for, in \
+             pieces too small.",
+            bytes(d.reserved_unallocated_bytes)
+        ),
+        Decider::OutsidePytorch => format!(
+            "Memory outside PyTorch decided it: PyTorch's {} and the {req} asked for fit the GPU, but the driver had \
+             less than that free.",
+            bytes(d.reserved_bytes)
+        ),
+        Decider::Shortage => format!(
+            "Plain shortage: PyTorch's own tensors held {}{}, and the {req} asked for did not fit beside them.",
+            bytes(d.allocated_bytes),
+            a.and_then(|a| a.allowed_bytes.or(a.capacity_bytes))
+                .map_or(String::new(), |l| format!(" of the {} it could use", bytes(l)))
+        ),
     }
 }
 

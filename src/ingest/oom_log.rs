@@ -83,6 +83,17 @@ fn incomplete(msg: &str) -> bool {
         && !["butunallocated.", "reservedintotalbyPyTorch)", "cached)"].iter().any(|k| w.contains(k))
 }
 
+/// PyTorch's allocator message ends with a link to its documentation: what follows is another record, whatever it
+/// looks like (a script's own `capture: … oom` line was read as part of the hint).
+fn ends_with_its_link(msg: &str) -> bool {
+    let m = msg.trim_end();
+    m.ends_with(')')
+        && m.rsplit_once("See documentation for Memory Management").is_some_and(|(_, rest)| {
+            let rest = rest.trim_start();
+            rest.starts_with("(http") && !rest[1..].contains(['(', ')', ' '].as_slice()) || rest.ends_with("-conf)")
+        })
+}
+
 /// A line that starts a new record, ending any message before it.
 fn record_start(line: &str) -> bool {
     static R: OnceLock<Regex> = OnceLock::new();
@@ -130,7 +141,7 @@ fn parse_stream(ls: &[Line], rank: Option<i64>, source: &str, out: &mut LogParse
         let mut j = i + 1;
         while j < ls.len() && j - i < MAX_LINES {
             let t = &ls[j].text;
-            if primary_anchor(t) {
+            if primary_anchor(t) || ends_with_its_link(&msg) {
                 break;
             }
             // A new record ends the message, unless the message is an allocator one still missing its last
@@ -154,7 +165,9 @@ fn parse_stream(ls: &[Line], rank: Option<i64>, source: &str, out: &mut LogParse
         o.rank = rank;
         o.line = ls[i].no;
         o.stamp = stamp_near(ls, i);
-        o.user_frame = user_frame(ls, i);
+        if let Some(raised) = raising_frames(ls, i) {
+            (o.user_frame, o.user_code, o.calls_below) = (Some(raised.frame), raised.code, raised.calls_below);
+        }
         if o.kind == OomKind::Nccl {
             if o.device.is_none() {
                 o.device = nccl_device(&ls[i].raw);
@@ -273,6 +286,8 @@ fn read_message(m: &str, first_line: &str) -> Option<OomMessage> {
         generation: None,
         hint: None,
         user_frame: None,
+        user_code: None,
+        calls_below: Vec::new(),
         stamp: None,
         time_us: None,
         text: String::new(),
@@ -455,30 +470,53 @@ fn stamp_near(ls: &[Line], i: usize) -> Option<Stamp> {
     None
 }
 
-/// The innermost traceback frame above the message that is the user's code.
-fn user_frame(ls: &[Line], i: usize) -> Option<String> {
+/// Where the user's code raised: the innermost traceback frame above the message that is not library code, its
+/// source line, and the functions called below it.
+struct Raised {
+    frame: String,
+    code: Option<String>,
+    calls_below: Vec<String>,
+}
+
+/// The traceback just above the message at line `i`, read for [`Raised`].
+fn raising_frames(ls: &[Line], i: usize) -> Option<Raised> {
     static F: OnceLock<Regex> = OnceLock::new();
     // CPython `File "x.py", line 3, in f`; IPython ≥ 8 `File /x.py:3, in f(...)`.
     let r = re(&F, r#"File "([^"]+)", line (\d+), in (\S+)|File ([^\s,]+):(\d+), in (\w+)"#);
+    // The frames, innermost first, each with the source line printed under it (not the carets under that).
+    let mut frames: Vec<(&str, String, String, Option<String>)> = Vec::new();
+    let mut below: Option<&str> = None;
     for l in ls[..i].iter().rev().take(400) {
         if anchor(&l.text) {
             break;
         }
         if let Some(c) = r.captures(&l.text) {
             let (path, line, func) = match c.get(1) {
-                Some(p) => (p.as_str(), &c[2], &c[3]),
-                None => (c.get(4).map_or("", |m| m.as_str()), &c[5], &c[6]),
+                Some(p) => (p.as_str(), c[2].to_string(), c[3].to_string()),
+                None => (c.get(4).map_or("", |m| m.as_str()), c[5].to_string(), c[6].to_string()),
             };
-            if !crate::timeline::stacks::is_library_frame(path) {
-                let short = path.rsplit(['/', '\\']).next().unwrap_or(path);
-                return Some(format!("{short}:{line} in {func}"));
-            }
+            let code = below.map(str::trim).filter(|t| !t.is_empty()).map(str::to_string);
+            frames.push((path, line, func, code));
+            below = None;
+            continue;
         }
         if l.text.contains("Traceback (most recent call last)") {
             break;
         }
+        let t = l.text.trim();
+        // A source line, not the carets (`~~^~~`) CPython ≥ 3.11 prints under it.
+        if !t.is_empty() && !t.chars().all(|c| matches!(c, '^' | '~' | ' ')) {
+            below = Some(&l.text);
+        }
     }
-    None
+    let k = frames.iter().position(|(path, ..)| !crate::timeline::stacks::is_library_frame(path))?;
+    let (path, line, func, code) = &frames[k];
+    let short = path.rsplit(['/', '\\']).next().unwrap_or(path);
+    Some(Raised {
+        frame: format!("{short}:{line} in {func}"),
+        code: code.clone(),
+        calls_below: frames[..k].iter().rev().map(|(_, _, f, _)| f.clone()).collect(),
+    })
 }
 
 #[cfg(test)]

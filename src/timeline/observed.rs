@@ -115,6 +115,12 @@ pub struct OomMessage {
     pub hint: Option<String>,
     /// The innermost frame of the traceback outside library code: `train.py:42 in step`.
     pub user_frame: Option<String>,
+    /// That frame's source line, as the traceback printed it: `logits = self.lm_head(h).float()`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_code: Option<String>,
+    /// The functions the traceback went through below that frame, outermost first: `["forward", "silu"]`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub calls_below: Vec<String>,
     pub stamp: Option<Stamp>,
     /// Unix µs once aligned.
     pub time_us: Option<i64>,

@@ -19,6 +19,7 @@ mod golden;
 mod html_report;
 mod job_view;
 mod layers;
+mod log_verdict;
 mod nsys_sqlite;
 mod nvidia_smi;
 mod oom_messages;

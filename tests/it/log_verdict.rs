@@ -1,0 +1,94 @@
+//! A verdict from a log alone (issue 33): the OOM message's arithmetic decides between fragmentation, a cap,
+//! memory outside PyTorch and plain shortage, and the traceback's raising line, read with its source, names what it
+//! was likely doing. On the real OOM texts of this project's GPU captures (fixtures/real-gpu/*/stderr.log, torch
+//! 2.11 on an H100 and an H200) and the rank-3 NCCL log.
+
+use oomdoc::ingest::oom_log::parse;
+use serde_json::Value;
+
+use crate::common;
+
+fn verdict_of(log: &str) -> Value {
+    let v = common::analyze_json(&[log]);
+    assert_eq!(v["devices"].as_array().unwrap().len(), 1, "{log}");
+    v["devices"][0]["verdict"].clone()
+}
+
+#[test]
+fn each_real_oom_text_gets_its_deciding_arithmetic_and_its_raising_line() {
+    // (log, what decided it, the raising line, what it was likely doing, the primary rule)
+    let cases: [(&str, &str, &str, &str, Option<&str>); 7] = [
+        (
+            "real-gpu/fragmentation",
+            "fragmentation",
+            "fragmentation.py:19 in body",
+            "allocates by its size",
+            Some("fragmentation"),
+        ),
+        ("real-gpu/kv-growth", "cap", "kv_growth.py:19 in body", "generation", None),
+        ("real-gpu/leaked-references", "cap", "leaked_references.py:16 in body", "optimizer's step", None),
+        (
+            "real-gpu/attention-scores",
+            "cap",
+            "attention_scores.py:9 in body",
+            "attention matrix",
+            Some("large-intermediate"),
+        ),
+        (
+            "real-gpu/nccl-nonpytorch",
+            "outside_pytorch",
+            "nccl_nonpytorch.py:22 in body",
+            "allocates by its size",
+            Some("nccl-overhead"),
+        ),
+        ("real-gpu/one-line", "outside_pytorch", "plain_leak.py:28 in <module>", "forward pass", Some("nccl-overhead")),
+        ("real-gpu/oomdoc-run", "cap", "plain_leak.py:30 in <module>", "optimizer's step", None),
+    ];
+    for (dir, decided, at, what, primary) in cases {
+        let log = format!("fixtures/{dir}/stderr.log");
+        let v = verdict_of(&log);
+        assert_eq!(v["decided_by"], decided, "{log}: {v}");
+        assert_eq!(v["likely"]["at"], at, "{log}: {v}");
+        assert!(v["likely"]["what"].as_str().unwrap().contains(what), "{log}: {v}");
+        assert!(v["likely"]["code"].is_string(), "{log}: the line's source is quoted: {v}");
+        let summary = v["summary"].as_str().unwrap();
+        assert!(summary.contains(&format!("It failed at {at} (`")), "{log}: {summary}");
+        assert_eq!(v["primary_rule"].as_str(), primary, "{log}: {v}");
+        match primary {
+            Some(_) => assert!(summary.contains("Primary cause:"), "{log}: {summary}"),
+            // No rule named it: the arithmetic's own sentence does, and the remedies follow the raising line.
+            None => {
+                assert!(summary.contains("The process's cap decided it: PyTorch had reserved"), "{log}: {summary}");
+                let remedies: Vec<&str> =
+                    v["remedies"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
+                assert!(remedies[0].contains("raise or remove it"), "{log}: {remedies:?}");
+                assert_eq!(remedies[1], v["likely"]["remedy"], "{log}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_plain_shortage_is_said_as_one() {
+    // torch 2.x's message, no cap, nothing outside PyTorch to speak of, no fragments: PyTorch's tensors filled it.
+    let log = common::TempFile::with(
+        "short.log",
+        b"Traceback (most recent call last):\n  File \"/home/u/train.py\", line 88, in <module>\n    logits = model(x).float()\n           ^^^^^^^^^^^^^^^^\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.83 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.20 GiB is free. Including non-PyTorch memory, this process has 77.94 GiB memory in use. Of the allocated memory 76.50 GiB is allocated by PyTorch, and 420.00 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n",
+    );
+    let v = verdict_of(log.path());
+    assert_eq!(v["decided_by"], "shortage", "{v}");
+    assert!(v["summary"].as_str().unwrap().contains("Plain shortage: PyTorch's own tensors held 76.5 GiB"), "{v}");
+    assert!(v["likely"]["what"].as_str().unwrap().contains("upcast"), "{v}");
+    assert_eq!(v["likely"]["code"], "logits = model(x).float()");
+    assert!(v["remedies"][0].as_str().unwrap().contains("chunks"), "{v}");
+}
+
+#[test]
+fn a_message_ends_at_its_documentation_link() {
+    // The capture script's own next line ("capture: fragmentation: oom") is not part of PyTorch's hint.
+    let text = std::fs::read_to_string(common::root().join("fixtures/real-gpu/fragmentation/stderr.log")).unwrap();
+    let p = parse(&text, "stderr.log");
+    let hint = p.ooms[0].hint.as_deref().unwrap();
+    assert!(hint.ends_with("cuda-alloc-conf)"), "{hint}");
+    assert_eq!(p.ooms[0].user_code.as_deref(), Some("x = torch.empty(400 * MiB, dtype=torch.uint8, device=\"cuda\")"));
+}
