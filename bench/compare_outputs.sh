@@ -64,6 +64,7 @@ case "$mode" in
     if ! diff -q "$expected" "$digests" >/dev/null; then
       diff "$expected" "$digests" | grep '^>' | awk '{ sub(/^> [0-9a-f]+  /, ""); f = $1; sub(/^[a-z]+ /, ""); print "differs (" f "): " $0 }' | head -50
       bad=$(diff "$expected" "$digests" | grep -c '^>')
+      [ "$bad" -le 50 ] || echo "… and $((bad - 50)) more (diff the file --update writes with git diff to see them all)"
     fi
     echo "$n reports compared with $expected, $bad differ"
     [ "$bad" -eq 0 ] || echo "a change meant to change these: bench/compare_outputs.sh --update, and say why" >&2

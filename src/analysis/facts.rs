@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::categories::{CategoryCache, CATEGORIES};
 use super::iterations::Iterations;
@@ -563,6 +563,29 @@ fn even_marks(last: usize, n: usize) -> Vec<usize> {
     (1..=n).map(|k| (last + 1) * k / n - 1).collect()
 }
 
+/// `n` marks at even steps of time over `events` (the last event at or before each step), or `None` without
+/// timestamps. A decode loop whose cache has stopped growing makes few events per step: spaced by events, its flat
+/// end would look short; spaced by time, it is as long as it ran.
+fn even_time_marks(events: &[crate::timeline::Event], n: usize) -> Option<Vec<usize>> {
+    let t0 = events.iter().find_map(|e| e.time_us())?;
+    let t1 = events.iter().rev().find_map(|e| e.time_us())?;
+    if t1 <= t0 {
+        return None;
+    }
+    let mut marks = Vec::with_capacity(n);
+    let mut i = 0;
+    for k in 1..=n as i64 {
+        let until = t0 + (t1 - t0) * k / n as i64;
+        while i + 1 < events.len() && events[i + 1].time_us().is_none_or(|t| t <= until) {
+            i += 1;
+        }
+        if marks.last() != Some(&i) {
+            marks.push(i);
+        }
+    }
+    Some(marks)
+}
+
 /// Counts rise-and-fall cycles of a series: falls from a local high by at least a fifth of the series' range.
 fn allocation_cycles(series: &[u64]) -> usize {
     let (Some(&lo), Some(&hi)) = (series.iter().min(), series.iter().max()) else { return 0 };
@@ -798,32 +821,110 @@ fn ddp_facts(f: &mut Facts, events: &[crate::timeline::Event], kinds: &[u8], ste
 /// Samples of the KV cache's live bytes up to the moment.
 const KV_SAMPLES: usize = 32;
 
-/// unbounded-kv-growth: KV-cache bytes that keep rising up to the moment, without a plateau. Growth is judged on
-/// the envelope — the highest live KV bytes so far at each sample — so a cache re-allocated one token longer each
-/// step (torch.cat: new, then the old freed) and a running batch that merges and retires requests (a sawtooth)
-/// still count as growth, while a cache allocated once (static, paged, preallocated) or one that levels off does
-/// not.
+/// Stacks whose tensors grow by concatenation: each allocation is soon followed by the free of a smaller one the same
+/// stack made (`x = torch.cat([x, new])`: the longer tensor, then the old one let go), in most of its allocations.
+/// Such a stack holds one growing object however many times it is re-made — a cache the user wrote, a buffer grown
+/// token by token — whatever its frames are called.
+fn grown_by_concatenation(events: &[crate::timeline::Event], last: usize) -> FxHashSet<StackId> {
+    let mut made: FxHashMap<u64, (StackId, u64, usize)> = FxHashMap::default();
+    let mut counts: FxHashMap<StackId, (u32, u32)> = FxHashMap::default();
+    // The last few allocations: (stack, size, event).
+    let mut recent: [(StackId, u64, usize); 4] = [(EMPTY_STACK, 0, usize::MAX); 4];
+    for (i, e) in events.iter().enumerate().take(last + 1) {
+        match e.action {
+            Action::Alloc if e.stack != EMPTY_STACK => {
+                made.insert(e.addr, (e.stack, e.size, i));
+                counts.entry(e.stack).or_default().0 += 1;
+                recent.rotate_right(1);
+                recent[0] = (e.stack, e.size, i);
+            }
+            Action::FreeRequested | Action::FreeCompleted => {
+                if let Some((stack, size, born)) = made.remove(&e.addr) {
+                    // The old version: made before the new one, smaller, let go right after it.
+                    let replaced = recent.iter().any(|&(s, n, at)| {
+                        s == stack && at != usize::MAX && born < at && i - at <= 4 && n > size && n <= 4 * size
+                    });
+                    if replaced {
+                        counts.entry(stack).or_default().1 += 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    counts.into_iter().filter(|&(_, (allocs, grew))| grew >= 8 && 2 * grew >= allocs).map(|(s, _)| s).collect()
+}
+
+/// Live bytes of the allocations `counted` selects, right after each of `marks` (ascending event indices).
+fn live_bytes_at(
+    events: &[crate::timeline::Event],
+    marks: &[usize],
+    counted: &dyn Fn(usize, StackId) -> bool,
+) -> Vec<u64> {
+    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut total = 0u64;
+    let mut out = Vec::with_capacity(marks.len());
+    let end = marks.last().map_or(0, |&m| m + 1).min(events.len());
+    let mut next = 0;
+    for (i, e) in events.iter().enumerate().take(end) {
+        match e.action {
+            Action::Alloc if counted(i, e.stack) => {
+                if let Some(b) = live.insert(e.addr, e.size) {
+                    total = total.saturating_sub(b);
+                }
+                total += e.size;
+            }
+            Action::FreeCompleted | Action::FreeRequested => {
+                if let Some(b) = live.remove(&e.addr) {
+                    total = total.saturating_sub(b);
+                }
+            }
+            _ => {}
+        }
+        while next < marks.len() && marks[next] == i {
+            out.push(total);
+            next += 1;
+        }
+    }
+    out.resize(marks.len(), total);
+    out
+}
+
+/// unbounded-kv-growth: the KV cache's live bytes up to the moment, judged on their envelope — the most bytes live
+/// at once so far at each sample — so that a cache re-allocated one token longer each step (torch.cat: new, then the
+/// old freed), one that grows in steps as requests join, and a running batch that merges and retires requests (a
+/// sawtooth) all count as growth, while a cache allocated once (static, paged, preallocated) or one that levels off
+/// does not. The KV cache is what KV-cache code allocated, and, in a trace with no backward pass, any stack grown by
+/// concatenation (a cache the user wrote, whatever its frames are called).
 fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
     let kv = kind_index("kv_cache");
-    if !cx.kinds.contains(&kv) {
-        return;
-    }
+    let gradient = kind_index("gradient");
     // Up to the OOM if there is one; otherwise over the whole trace, so a cache that levelled off after the peak
     // allocated moment is seen to level off.
     let last = cx.report.oom.as_ref().and_then(|o| o.event_index).map_or(cx.dev.events.len() - 1, |i| i as usize);
-    // At the ends of the decode steps when the loop is known: mid-step, a cache being rebuilt one token longer is
-    // briefly there twice (the new tensor before the old is freed), which an arbitrary sample would catch.
+    let inference = !cx.kinds[..=last].contains(&gradient);
+    let grown = if inference { grown_by_concatenation(&cx.dev.events, last) } else { FxHashSet::default() };
+    if !cx.kinds.contains(&kv) && grown.is_empty() {
+        return;
+    }
+    let is_kv = |i: usize, s: StackId| cx.kinds[i] == kv || grown.contains(&s);
+    // At the ends of the decode steps when the loop is known and its steps reach the moment: mid-step, a cache being
+    // rebuilt one token longer is briefly there twice (the new tensor before the old is freed), which an arbitrary
+    // sample would catch. The moment itself is the last sample.
     let ends: Vec<usize> = iterations.map_or(Vec::new(), |it| it.ends.iter().copied().filter(|&e| e <= last).collect());
-    let marks = if ends.len() >= 8 {
-        let mut m: Vec<usize> =
-            (1..=KV_SAMPLES.min(ends.len())).map(|k| ends[ends.len() * k / KV_SAMPLES.min(ends.len()) - 1]).collect();
+    let reaches = ends.last().is_some_and(|&e| e * 10 >= last * 9);
+    let mut marks = if ends.len() >= 8 && reaches {
+        let n = KV_SAMPLES.min(ends.len());
+        let mut m: Vec<usize> = (1..=n).map(|k| ends[ends.len() * k / n - 1]).collect();
         m.dedup();
         m
     } else {
-        even_marks(last, KV_SAMPLES)
+        even_time_marks(&cx.dev.events[..=last], KV_SAMPLES).unwrap_or_else(|| even_marks(last, KV_SAMPLES))
     };
-    let snaps = live_per_stack_at(&cx.dev.events, cx.kinds, &marks, &|k| k == kv);
-    let series: Vec<u64> = snaps.iter().map(|s| s.values().map(|v| v.0).sum()).collect();
+    if marks.last() != Some(&last) {
+        marks.push(last);
+    }
+    let series = live_bytes_at(&cx.dev.events, &marks, &is_kv);
     let Some(first) = series.iter().position(|&b| b > 0) else { return };
     let tail = &series[first..];
     let now = *series.last().expect("marks non-empty");
@@ -839,6 +940,12 @@ fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
     f.num("kv.first_bytes", tail[0] as f64, Unit::Bytes, "KV-cache bytes when first seen");
     f.num("kv.max_bytes", max as f64, Unit::Bytes, "the most KV-cache bytes live at once, up to the moment");
     f.num("kv.growth_bytes", now.saturating_sub(tail[0]) as f64, Unit::Bytes, "KV-cache bytes gained since first seen");
+    f.num(
+        "kv.grown_stacks",
+        grown.len() as f64,
+        Unit::Count,
+        "stacks grown by concatenation in a trace without a backward pass, counted as KV cache",
+    );
     if tail.len() >= 4 && tail[0] > 0 {
         // A rise is more than 1%: a cache that is reallocated at the same size (or with allocator rounding noise)
         // is not growing.
@@ -865,9 +972,38 @@ fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
             "quarters of the samples in which the most KV bytes so far rose",
         );
         f.num("kv.samples", tail.len() as f64, Unit::Count, "samples since the KV cache appeared");
+        // Still growing at the moment, whatever the path: the envelope rose in the last third of the samples, or
+        // the OOM's own request was the cache asking for more.
+        let third = &envelope[envelope.len() - (tail.len() / 3).max(1) - 1..];
+        let oom_is_kv = cx.report.oom.as_ref().and_then(|o| o.event_index).is_some_and(|i| {
+            let e = &cx.dev.events[i as usize];
+            cx.kinds[i as usize] == kv || grown.contains(&e.stack)
+        });
+        f.flag("kv.oom_request", oom_is_kv, "the OOM's request was the KV cache's (the cache asked for more)");
+        f.flag(
+            "kv.still_rising",
+            grew(third[0], max) || oom_is_kv,
+            "the most KV bytes so far rose in the last third of the samples, or the OOM's request was the KV cache's",
+        );
+    }
+    // Without the growth the request would have fit: the growth made the difference at the OOM.
+    if let Some((req, free)) =
+        cx.report.oom.as_ref().and_then(|o| o.requested_bytes.zip(o.device_free_bytes)).filter(|_| tail.len() >= 4)
+    {
+        f.flag(
+            "kv.covers_deficit",
+            now.saturating_sub(tail[0]) >= req.saturating_sub(free),
+            "the KV bytes gained since the cache appeared are at least what the failing request lacked (request − driver free)",
+        );
     }
     if cx.report.allocated_bytes > 0 {
         f.num("kv.share", now as f64 / cx.report.allocated_bytes as f64, Unit::Ratio, "KV share of allocated bytes");
+        f.num(
+            "kv.growth_share",
+            now.saturating_sub(tail[0]) as f64 / cx.report.allocated_bytes as f64,
+            Unit::Ratio,
+            "KV-cache bytes gained since first seen, as a share of allocated bytes at the moment",
+        );
     }
 }
 

@@ -16,6 +16,7 @@ mod diff;
 mod docs;
 mod generated_fixtures;
 mod golden;
+mod growth_shapes;
 mod html_report;
 mod job_view;
 mod layers;

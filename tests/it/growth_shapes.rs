@@ -1,0 +1,39 @@
+//! KV-cache growth judged on its envelope whatever the path (issue 33): every growth shape a real decode loop makes
+//! — rebuilt by concatenation, in steps as requests join, a sawtooth as they join and leave, a cache class the user
+//! wrote on cuda:1, under expandable segments — is the primary cause of its OOM; bounded caches (static, paged, a
+//! sliding window that levels off) beside which a long request's attention runs out stay silent. Two draws of each
+//! (fixtures/generated/growth/, `kv_shape` in fixtures/gen_snapshots.py); held-back draws are in the closing note.
+
+use crate::common;
+
+#[test]
+fn every_growth_shape_is_the_primary_cause_and_bounded_caches_stay_silent() {
+    let files = common::fixtures("fixtures/generated/growth", ".pickle");
+    assert_eq!(files.len(), 16, "{files:?}");
+    for f in files {
+        let v = common::analyze_json(&[&f]);
+        let fired: Vec<String> = common::rules_fired(&v);
+        let d = &v["devices"][0];
+        assert!(d["oom"].is_object(), "{f}: every draw runs out");
+        let bounded = ["static", "paged", "levels"].iter().any(|s| f.contains(&format!("kv-{s}-")));
+        if bounded {
+            assert!(!fired.iter().any(|r| r.starts_with("unbounded-kv-growth")), "{f}: {fired:?}");
+        } else {
+            assert_eq!(d["verdict"]["primary_rule"], "unbounded-kv-growth", "{f}: {fired:?} {}", d["verdict"]);
+            let msg = v["findings"].as_array().unwrap().iter().find(|x| x["rule"] == "unbounded-kv-growth").unwrap();
+            assert_eq!(msg["severity"], "error", "{f}");
+        }
+        if f.contains("user-cuda1") {
+            assert_eq!(d["device"], 1, "{f}");
+        }
+    }
+}
+
+#[test]
+fn a_cache_the_user_wrote_is_counted_by_how_it_grows() {
+    // kv_store.py's `append` matches no KV-cache pattern: it is counted because it grows by concatenation in a
+    // trace with no backward pass.
+    let out = common::stdout(&common::oomdoc(&["facts", "fixtures/generated/growth/kv-user-cuda1-0.pickle"]));
+    let line = out.lines().find(|l| l.trim_start().starts_with("kv.grown_stacks")).expect("kv.grown_stacks");
+    assert!(line.split_whitespace().nth(1) == Some("1"), "{line}");
+}
