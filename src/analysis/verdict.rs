@@ -168,14 +168,14 @@ fn most<K: Ord>(m: FxHashMap<K, u64>) -> Option<(K, u64)> {
 
 /// Ranks each GPU's findings by the memory they explain, caps the severity of those that explain little, and
 /// writes each GPU's verdict.
-pub fn attach(a: &mut Analysis) {
+pub fn attach(a: &mut Analysis, yields_to: &dyn Fn(&str) -> Vec<String>) {
     // The GPU that ran out (the first, in the report's order): the others' verdicts point to it instead of giving
     // remedies for memory that did not run out.
     let ran_out = a.devices.iter().find(|d| d.oom.is_some()).map(|d| d.device);
     for d in &mut a.devices {
         let scale = scale(d);
         let mut mine: Vec<&mut Finding> = a.findings.iter_mut().filter(|f| f.device == Some(d.device)).collect();
-        let primary = primary(&mine);
+        let primary = primary(&mine, yields_to, scale);
         let lead = primary.map(|i| (mine[i].rule.clone(), mine[i].bytes));
         for (i, f) in mine.iter_mut().enumerate() {
             let small = f.bytes.is_some_and(|b| (b as f64) < SMALL_SHARE * scale as f64);
@@ -210,9 +210,19 @@ fn scale(d: &DeviceReport) -> u64 {
     (d.reserved_bytes + req).max(d.allocated_bytes).max(1)
 }
 
-/// The finding that explains the most memory among those at warning or above; without sizes, the most severe.
-fn primary(findings: &[&mut Finding]) -> Option<usize> {
-    let serious = |f: &Finding| f.severity >= Severity::Warning;
+/// The finding that explains the most memory among those at warning or above; without sizes, the most severe. A
+/// finding whose rule yields to another that also found something here (at warning or above, explaining at least a
+/// tenth of the memory in question: it accounts for the memory) is not a candidate: the last straw does not lead
+/// beside what filled the memory.
+fn primary(findings: &[&mut Finding], yields_to: &dyn Fn(&str) -> Vec<String>, scale: u64) -> Option<usize> {
+    let fired = |rule: &String| {
+        findings.iter().any(|f| {
+            &f.rule == rule
+                && f.severity >= Severity::Warning
+                && f.bytes.is_some_and(|b| b as f64 >= SMALL_SHARE * scale as f64)
+        })
+    };
+    let serious = |f: &Finding| f.severity >= Severity::Warning && !yields_to(&f.rule).iter().any(fired);
     let sized = findings
         .iter()
         .enumerate()
@@ -517,5 +527,43 @@ pub fn remedies(category: &str) -> &'static [&'static str] {
         "temporary" => &["free intermediates sooner (del), process in chunks, avoid needless .clone() / .contiguous()"],
         _ => &["record stacks to see who allocated it: torch.cuda.memory._record_memory_history(context=\"all\", \
              stacks=\"python\")"],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finding(rule: &str, severity: Severity, gib: u64) -> Finding {
+        Finding {
+            rule: rule.into(),
+            severity,
+            device: Some(0),
+            bytes: Some(gib << 30),
+            title: String::new(),
+            message: String::new(),
+            evidence: serde_json::Value::Null,
+            fix: String::new(),
+            references: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_last_straw_yields_to_what_filled_the_memory() {
+        let yields = |id: &str| {
+            if id == "fragmentation" {
+                vec!["leaked-references".to_string()]
+            } else {
+                Vec::new()
+            }
+        };
+        // More cached free bytes than the leak grew by: bytes alone would make fragmentation primary.
+        let mut frag = finding("fragmentation", Severity::Error, 3);
+        let mut leak = finding("leaked-references", Severity::Error, 2);
+        assert_eq!(primary(&[&mut frag, &mut leak], &yields, 20 << 30), Some(1));
+        assert_eq!(primary(&[&mut frag, &mut leak], &|_| Vec::new(), 20 << 30), Some(0));
+        // A leak that accounts for less than a tenth of the memory does not: fragmentation leads.
+        let mut small = finding("leaked-references", Severity::Warning, 1);
+        assert_eq!(primary(&[&mut frag, &mut small], &yields, 20 << 30), Some(0));
     }
 }

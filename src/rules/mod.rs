@@ -48,6 +48,9 @@ pub struct Rule {
     pub each: Option<String>,
     /// Rules with `each`: the item fact that orders the items of a finding, largest first.
     pub rank: Option<String>,
+    /// Rules whose findings on the same GPU outrank this one's in the verdict, whatever the bytes: a cause that is
+    /// only the last straw (fragmentation) yields to one that filled the memory (a leak, a growing cache).
+    pub yields_to: Vec<String>,
     /// Where it came from: `built-in rules/x.toml` or a path.
     pub source: String,
 }
@@ -97,6 +100,8 @@ struct RawRule {
     each: Option<toml::Spanned<String>>,
     #[serde(default)]
     rank: Option<String>,
+    #[serde(default)]
+    yields_to: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -234,6 +239,7 @@ pub fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
         cases,
         each: raw.each.map(|e| e.into_inner()),
         rank: raw.rank,
+        yields_to: raw.yields_to,
         source: file.to_string(),
     })
 }
@@ -469,7 +475,8 @@ impl RuleSet {
         if let Some(p) = &mut a.profile {
             p.set_ncu_classes(&kernels.labels);
         }
-        crate::analysis::verdict::attach(a);
+        let yields = |id: &str| self.rules.iter().find(|r| r.id == id).map_or(Vec::new(), |r| r.yields_to.clone());
+        crate::analysis::verdict::attach(a, &yields);
     }
 }
 

@@ -37,3 +37,25 @@ fn a_cache_the_user_wrote_is_counted_by_how_it_grows() {
     let line = out.lines().find(|l| l.trim_start().starts_with("kv.grown_stacks")).expect("kv.grown_stacks");
     assert!(line.split_whitespace().nth(1) == Some("1"), "{line}");
 }
+
+#[test]
+fn a_small_true_fragmentation_beside_what_grew_is_a_secondary_line() {
+    // The last request fits in the cached free blocks together, in none alone: true, and it explains that request;
+    // what grew explains the GPU. A leak recorded by a wrapped ring buffer, and a growing KV cache.
+    for (f, cause) in [
+        ("fixtures/generated/beside/leak-wrapped-with-fragmentation.pickle", "leaked-references"),
+        ("fixtures/generated/beside/kv-with-fragmentation.pickle", "unbounded-kv-growth"),
+    ] {
+        let v = common::analyze_json(&[f]);
+        let d = &v["devices"][0];
+        assert_eq!(d["verdict"]["primary_rule"], cause, "{f}: {}", d["verdict"]);
+        let frag = v["findings"].as_array().unwrap().iter().find(|x| x["rule"] == "fragmentation");
+        let frag = frag.unwrap_or_else(|| panic!("{f}: the fragmentation is true and is said"));
+        assert_eq!(frag["severity"], "warning", "{f}");
+        assert!(frag["message"].as_str().unwrap().contains("the last straw"), "{f}: {frag}");
+        let causes = d["verdict"]["causes"].as_array().unwrap();
+        assert_eq!(causes[0]["rule"], cause, "{f}");
+    }
+    let wrapped = common::analyze_json(&["fixtures/generated/beside/leak-wrapped-with-fragmentation.pickle"]);
+    assert_eq!(wrapped["devices"][0]["trace"]["complete"], false, "the leak's trace wrapped");
+}
