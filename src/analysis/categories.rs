@@ -14,7 +14,7 @@ use crate::timeline::Timeline;
 pub const BUILTIN: &str = include_str!("../../rules/categories.toml");
 
 /// Every category a pattern may name, in report order.
-pub const CATEGORIES: [&str; 9] = [
+pub const CATEGORIES: [&str; 10] = [
     "parameter",
     "gradient",
     "optimizer_state",
@@ -23,6 +23,7 @@ pub const CATEGORIES: [&str; 9] = [
     "kv_cache",
     "communication",
     "compile",
+    "user_tensor",
     "unknown",
 ];
 

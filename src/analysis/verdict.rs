@@ -481,6 +481,7 @@ pub fn category_words(category: &str, stack: &str) -> &'static str {
         "kv_cache" => "KV cache",
         "communication" => "communication buffers",
         "compile" => "torch.compile buffers",
+        "user_tensor" => "tensors your code made outside the model",
         _ if stack == NO_STACK => "allocations with no recorded stack",
         _ => "allocations of no known kind",
     }
@@ -519,6 +520,11 @@ pub fn remedies(category: &str) -> &'static [&'static str] {
         "communication" => &[
             "smaller NCCL buffers (NCCL_BUFFSIZE) and DDP buckets (bucket_cap_mb), gradient_as_bucket_view=True",
             "fewer process groups (each has its own communicator buffers)",
+        ],
+        "user_tensor" => &[
+            "keep numbers, not tensors, across steps: loss.item(), metrics as Python floats, and outputs kept with \
+             .detach().cpu(); clear or bound any list that collects tensors",
+            "move inputs to the GPU one batch at a time, and drop references (del) to what the step no longer needs",
         ],
         "compile" => &[
             "warm up with smaller shapes, mark dynamic dimensions (torch._dynamo.mark_dynamic) to avoid recompiles",

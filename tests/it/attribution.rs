@@ -34,19 +34,23 @@ fn dataparallel_replicas_are_parameters_not_gradients() {
         ("train.py", "main"),
     ];
     assert_eq!(category(&replicate), "parameter");
-    // A custom autograd Function's forward runs in torch/autograd/function.py too: that file alone is no backward.
-    assert_eq!(category(&[("ops.py", "forward_impl"), ("/x/torch/autograd/function.py", "apply")]), "unknown");
+    // A custom autograd Function's forward runs in torch/autograd/function.py too: that file alone is no backward,
+    // and the allocating line is the user's own.
+    assert_eq!(category(&[("ops.py", "forward_impl"), ("/x/torch/autograd/function.py", "apply")]), "user_tensor");
 }
 
 #[test]
 fn a_scripts_name_decides_nothing() {
-    assert_eq!(category(&[("/home/u/nccl_bench.py", "body"), ("/home/u/nccl_bench.py", "<module>")]), "unknown");
-    assert_eq!(category(&[("/home/u/run.py", "test_nccl_speed")]), "unknown");
+    // The user's own lines, outside any model, optimizer or library: the user's tensors, whatever the script is named.
+    assert_eq!(category(&[("/home/u/nccl_bench.py", "body"), ("/home/u/nccl_bench.py", "<module>")]), "user_tensor");
+    assert_eq!(category(&[("/home/u/run.py", "test_nccl_speed")]), "user_tensor");
     // NCCL's own frames still are communication.
     let c10d = [("/x/torch/distributed/distributed_c10d.py", "all_reduce"), ("train.py", "main")];
     assert_eq!(category(&c10d), "communication");
     // A training loop's function named `step` is not an optimizer.
-    assert_eq!(category(&[("run.py", "step"), ("run.py", "main")]), "unknown");
+    assert_eq!(category(&[("run.py", "step"), ("run.py", "main")]), "user_tensor");
+    // Library frames alone say nothing of whose tensor it is.
+    assert_eq!(category(&[("/x/site-packages/somelib/io.py", "load")]), "unknown");
 }
 
 #[test]

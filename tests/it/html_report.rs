@@ -168,7 +168,7 @@ fn memory_outside_pytorch_profiles_and_the_budget_are_on_the_page() {
     assert!(html.contains("<polyline class=\"outside\" points=\""));
     assert!(html.contains("outside PyTorch (nvidia-smi used − reserved)"));
     assert!(
-        html.contains(", outside PyTorch 751 MiB — at the highest: activation 2.33 GiB, unknown 324 MiB"),
+        html.contains(", outside PyTorch 751 MiB — at the highest: activation 2.33 GiB, user tensor 196 MiB"),
         "hover at the OOM's bucket names it, and what filled the allocated memory"
     );
     // Allocated stacked by category, the categories named in the legend.

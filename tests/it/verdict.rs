@@ -137,6 +137,20 @@ fn class_1b_dataparallel_with_an_uneven_scatter() {
     assert!(!g0["remedies"].as_array().unwrap().is_empty(), "the GPU that ran out keeps its remedies: {g0}");
 }
 
+/// Copies the user's own code keeps (a list of each step's output, cloned in the training script) are held by
+/// "tensors your code made outside the model", not by activations or "no known kind", and they are the leak.
+#[test]
+fn class_2_the_users_own_copies_have_a_category_of_their_own() {
+    let v = verdict_fixture("class2-user-copies");
+    let g = &device(&v, 0)["verdict"];
+    assert_eq!(g["primary_rule"], "leaked-references", "{g}");
+    assert_eq!(g["holder"]["category"], "user_tensor", "{g}");
+    assert!(g["summary"].as_str().unwrap().contains("tensors your code made outside the model"), "{g}");
+    // Model activations stay activations: the eval loop's kept graphs are not the user's copies.
+    let eval = verdict_fixture("class2-eval-without-no-grad");
+    assert_eq!(device(&eval, 0)["verdict"]["holder"]["category"], "activation");
+}
+
 #[test]
 fn class_2_an_evaluation_loop_without_no_grad_is_a_leak_without_an_optimizer() {
     let v = verdict_fixture("class2-eval-without-no-grad");
