@@ -164,6 +164,12 @@ impl<'a> CategoryCache<'a> {
         CategoryCache { cat, tl, stacks: FxHashMap::default(), frames: FxHashMap::default() }
     }
 
+    /// Says `category` for `stack` from now on, whatever its frames match: what the trace showed the stack doing
+    /// decides (a stack grown by concatenation in the forward of an inference run is a KV cache).
+    pub fn relabel(&mut self, stack: StackId, category: &'static str) {
+        self.stacks.insert(stack, category);
+    }
+
     pub fn of(&mut self, stack: StackId) -> &'static str {
         if stack == EMPTY_STACK {
             return "unknown";

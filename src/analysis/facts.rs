@@ -173,7 +173,7 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
     // stack once (stack ids are dense, so a table indexed by them does it without hashing).
     const UNSET: u8 = u8::MAX - 1;
     let mut by_stack: Vec<u8> = Vec::new();
-    let kinds: Vec<u8> = events
+    let mut kinds: Vec<u8> = events
         .iter()
         .map(|e| {
             if e.stack == EMPTY_STACK {
@@ -189,6 +189,27 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
             by_stack[s]
         })
         .collect();
+    // In a trace with no backward pass, a stack inside the model grown by concatenation is a KV cache, whatever its
+    // frames are called (a cache class the user wrote): every later pass and the report count it as one.
+    let (kv, activation) = (kind_index("kv_cache"), kind_index("activation"));
+    if !events.is_empty() && !kinds.contains(&kind_index("gradient")) {
+        let last = events.iter().rposition(|e| e.action == Action::Oom).unwrap_or(events.len() - 1);
+        let grown = grown_by_concatenation(events, last, &|i| kinds[i] == activation);
+        for (k, e) in kinds.iter_mut().zip(events) {
+            if grown.contains(&e.stack) {
+                *k = kv;
+            }
+        }
+        for &s in &grown {
+            cats.relabel(s, "kv_cache");
+        }
+        f.num(
+            "kv.grown_stacks",
+            grown.len() as f64,
+            Unit::Count,
+            "stacks in the model's forward grown by concatenation in a trace without a backward pass, counted as KV cache",
+        );
+    }
     let comm = kind_index("communication");
     f.flag(
         "nccl.seen",
@@ -825,14 +846,18 @@ const KV_SAMPLES: usize = 32;
 /// stack made (`x = torch.cat([x, new])`: the longer tensor, then the old one let go), in most of its allocations.
 /// Such a stack holds one growing object however many times it is re-made — a cache the user wrote, a buffer grown
 /// token by token — whatever its frames are called.
-fn grown_by_concatenation(events: &[crate::timeline::Event], last: usize) -> FxHashSet<StackId> {
+fn grown_by_concatenation(
+    events: &[crate::timeline::Event],
+    last: usize,
+    eligible: &dyn Fn(usize) -> bool,
+) -> FxHashSet<StackId> {
     let mut made: FxHashMap<u64, (StackId, u64, usize)> = FxHashMap::default();
     let mut counts: FxHashMap<StackId, (u32, u32)> = FxHashMap::default();
     // The last few allocations: (stack, size, event).
     let mut recent: [(StackId, u64, usize); 4] = [(EMPTY_STACK, 0, usize::MAX); 4];
     for (i, e) in events.iter().enumerate().take(last + 1) {
         match e.action {
-            Action::Alloc if e.stack != EMPTY_STACK => {
+            Action::Alloc if e.stack != EMPTY_STACK && eligible(i) => {
                 made.insert(e.addr, (e.stack, e.size, i));
                 counts.entry(e.stack).or_default().0 += 1;
                 recent.rotate_right(1);
@@ -840,9 +865,10 @@ fn grown_by_concatenation(events: &[crate::timeline::Event], last: usize) -> FxH
             }
             Action::FreeRequested | Action::FreeCompleted => {
                 if let Some((stack, size, born)) = made.remove(&e.addr) {
-                    // The old version: made before the new one, smaller, let go right after it.
+                    // The old version: made before the new one, smaller by at most a fifth of the new (a few more
+                    // tokens, not a size sweep that doubles), let go right after it.
                     let replaced = recent.iter().any(|&(s, n, at)| {
-                        s == stack && at != usize::MAX && born < at && i - at <= 4 && n > size && n <= 4 * size
+                        s == stack && at != usize::MAX && born < at && i - at <= 4 && n > size && n <= size + size / 4
                     });
                     if replaced {
                         counts.entry(stack).or_default().1 += 1;
@@ -894,20 +920,18 @@ fn live_bytes_at(
 /// at once so far at each sample — so that a cache re-allocated one token longer each step (torch.cat: new, then the
 /// old freed), one that grows in steps as requests join, and a running batch that merges and retires requests (a
 /// sawtooth) all count as growth, while a cache allocated once (static, paged, preallocated) or one that levels off
-/// does not. The KV cache is what KV-cache code allocated, and, in a trace with no backward pass, any stack grown by
-/// concatenation (a cache the user wrote, whatever its frames are called).
+/// does not. The KV cache is what KV-cache code allocated, and, in a trace with no backward pass, any stack in the
+/// model's forward grown by concatenation (a cache the user wrote, whatever its frames are called: see
+/// [`event_facts`]).
 fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
     let kv = kind_index("kv_cache");
-    let gradient = kind_index("gradient");
+    if !cx.kinds.contains(&kv) {
+        return;
+    }
     // Up to the OOM if there is one; otherwise over the whole trace, so a cache that levelled off after the peak
     // allocated moment is seen to level off.
     let last = cx.report.oom.as_ref().and_then(|o| o.event_index).map_or(cx.dev.events.len() - 1, |i| i as usize);
-    let inference = !cx.kinds[..=last].contains(&gradient);
-    let grown = if inference { grown_by_concatenation(&cx.dev.events, last) } else { FxHashSet::default() };
-    if !cx.kinds.contains(&kv) && grown.is_empty() {
-        return;
-    }
-    let is_kv = |i: usize, s: StackId| cx.kinds[i] == kv || grown.contains(&s);
+    let is_kv = |i: usize, _: StackId| cx.kinds[i] == kv;
     // At the ends of the decode steps when the loop is known and its steps reach the moment: mid-step, a cache being
     // rebuilt one token longer is briefly there twice (the new tensor before the old is freed), which an arbitrary
     // sample would catch. The moment itself is the last sample.
@@ -940,12 +964,6 @@ fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
     f.num("kv.first_bytes", tail[0] as f64, Unit::Bytes, "KV-cache bytes when first seen");
     f.num("kv.max_bytes", max as f64, Unit::Bytes, "the most KV-cache bytes live at once, up to the moment");
     f.num("kv.growth_bytes", now.saturating_sub(tail[0]) as f64, Unit::Bytes, "KV-cache bytes gained since first seen");
-    f.num(
-        "kv.grown_stacks",
-        grown.len() as f64,
-        Unit::Count,
-        "stacks grown by concatenation in a trace without a backward pass, counted as KV cache",
-    );
     if tail.len() >= 4 && tail[0] > 0 {
         // A rise is more than 1%: a cache that is reallocated at the same size (or with allocator rounding noise)
         // is not growing.
@@ -975,10 +993,7 @@ fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
         // Still growing at the moment, whatever the path: the envelope rose in the last third of the samples, or
         // the OOM's own request was the cache asking for more.
         let third = &envelope[envelope.len() - (tail.len() / 3).max(1) - 1..];
-        let oom_is_kv = cx.report.oom.as_ref().and_then(|o| o.event_index).is_some_and(|i| {
-            let e = &cx.dev.events[i as usize];
-            cx.kinds[i as usize] == kv || grown.contains(&e.stack)
-        });
+        let oom_is_kv = cx.report.oom.as_ref().and_then(|o| o.event_index).is_some_and(|i| cx.kinds[i as usize] == kv);
         f.flag("kv.oom_request", oom_is_kv, "the OOM's request was the KV cache's (the cache asked for more)");
         f.flag(
             "kv.still_rising",

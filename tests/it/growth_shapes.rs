@@ -20,6 +20,8 @@ fn every_growth_shape_is_the_primary_cause_and_bounded_caches_stay_silent() {
             assert!(!fired.iter().any(|r| r.starts_with("unbounded-kv-growth")), "{f}: {fired:?}");
         } else {
             assert_eq!(d["verdict"]["primary_rule"], "unbounded-kv-growth", "{f}: {fired:?} {}", d["verdict"]);
+            // What holds the memory says the same as the cause, the user's own cache class included.
+            assert_eq!(d["verdict"]["holder"]["category"], "kv_cache", "{f}");
             let msg = v["findings"].as_array().unwrap().iter().find(|x| x["rule"] == "unbounded-kv-growth").unwrap();
             assert_eq!(msg["severity"], "error", "{f}");
         }
@@ -31,8 +33,8 @@ fn every_growth_shape_is_the_primary_cause_and_bounded_caches_stay_silent() {
 
 #[test]
 fn a_cache_the_user_wrote_is_counted_by_how_it_grows() {
-    // kv_store.py's `append` matches no KV-cache pattern: it is counted because it grows by concatenation in a
-    // trace with no backward pass.
+    // kv_store.py's `append` matches no KV-cache pattern: it is counted because, in the model's forward, it grows by
+    // concatenation in a trace with no backward pass.
     let out = common::stdout(&common::oomdoc(&["facts", "fixtures/generated/growth/kv-user-cuda1-0.pickle"]));
     let line = out.lines().find(|l| l.trim_start().starts_with("kv.grown_stacks")).expect("kv.grown_stacks");
     assert!(line.split_whitespace().nth(1) == Some("1"), "{line}");
