@@ -175,7 +175,14 @@ pub fn attach(a: &mut Analysis, yields_to: &dyn Fn(&str) -> Vec<String>) {
     for d in &mut a.devices {
         let scale = scale(d);
         let mut mine: Vec<&mut Finding> = a.findings.iter_mut().filter(|f| f.device == Some(d.device)).collect();
-        let primary = primary(&mine, yields_to, scale);
+        let mut primary = primary(&mine, yields_to, scale);
+        // From a message alone, plain shortage means PyTorch's own tensors filled the GPU: a cause explaining a
+        // small share of that (the CUDA context outside PyTorch) is the last straw, not the primary cause.
+        if message_decider(d) == Some(Decider::Shortage)
+            && primary.is_some_and(|i| mine[i].bytes.is_some_and(|b| (b as f64) < SMALL_SHARE * scale as f64))
+        {
+            primary = None;
+        }
         let lead = primary.map(|i| (mine[i].rule.clone(), mine[i].bytes));
         for (i, f) in mine.iter_mut().enumerate() {
             let small = f.bytes.is_some_and(|b| (b as f64) < SMALL_SHARE * scale as f64);
@@ -261,19 +268,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
     let holder = d.holder.clone();
     // Without allocator data the message is all there is: its arithmetic decides, its traceback hints.
     let message_only = holder.is_none() && d.oom.is_some();
-    let decided_by = arithmetic.as_ref().filter(|_| message_only).and_then(|a| {
-        raising_line::decided_by(&Figures {
-            requested: a.requested_bytes,
-            device_free: a.device_free_bytes,
-            capacity: a.capacity_bytes,
-            allowed: a.allowed_bytes,
-            reserved_unallocated: Some(d.reserved_unallocated_bytes).filter(|_| d.reserved_bytes > 0),
-            outside_decided: matches!(
-                d.facts.get("oom.outside_decided").map(|f| &f.value),
-                Some(super::facts::Val::Bool(true))
-            ),
-        })
-    });
+    let decided_by = message_decider(d);
     let likely =
         d.oom.as_ref().and_then(|o| o.message.as_ref()).filter(|_| message_only).and_then(raising_line::likely);
     let likely_words = likely.as_ref().map_or(String::new(), |l| {
@@ -428,6 +423,30 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
         decided_by,
         likely,
     }
+}
+
+/// Up to this much outside PyTorch is the CUDA context, its libraries and the driver by themselves (0.7–1.4 GiB
+/// measured on H100 and H200 GPUs; rules/nccl-overhead.toml): nothing to hunt, so not what decided an OOM.
+const CONTEXT_ONLY: f64 = 1.5 * (1u64 << 30) as f64;
+
+/// Which of an OOM message's figures decided it, where the message is all there is (no allocator data).
+fn message_decider(d: &DeviceReport) -> Option<Decider> {
+    let o = d.oom.as_ref().filter(|_| d.holder.is_none())?;
+    let fact = |name: &str| d.facts.get(name).map(|f| &f.value);
+    let num = |name: &str| match fact(name) {
+        Some(super::facts::Val::Num(n)) if *n >= 0.0 => Some(*n as u64),
+        _ => None,
+    };
+    let outside_decided = matches!(fact("oom.outside_decided"), Some(super::facts::Val::Bool(true)))
+        && num("nonpytorch_bytes").is_some_and(|b| b as f64 > CONTEXT_ONLY);
+    raising_line::decided_by(&Figures {
+        requested: o.requested_bytes,
+        device_free: o.device_free_bytes,
+        capacity: num("gpu.total_bytes"),
+        allowed: num("oom.allowed_bytes"),
+        reserved_unallocated: Some(d.reserved_unallocated_bytes).filter(|_| d.reserved_bytes > 0),
+        outside_decided,
+    })
 }
 
 /// The sentence that names what decided an OOM when only its message is known and no rule named a cause.
