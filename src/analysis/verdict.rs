@@ -175,7 +175,7 @@ pub fn attach(a: &mut Analysis, yields_to: &dyn Fn(&str) -> Vec<String>) {
     for d in &mut a.devices {
         let scale = scale(d);
         let mut mine: Vec<&mut Finding> = a.findings.iter_mut().filter(|f| f.device == Some(d.device)).collect();
-        let mut primary = primary(&mine, yields_to, scale);
+        let mut primary = primary(&mine, yields_to, scale, d.oom.is_some());
         // From a message alone, plain shortage means PyTorch's own tensors filled the GPU: a cause explaining a
         // small share of that (the CUDA context outside PyTorch) is the last straw, not the primary cause.
         if message_decider(d) == Some(Decider::Shortage)
@@ -221,7 +221,12 @@ fn scale(d: &DeviceReport) -> u64 {
 /// finding whose rule yields to another that also found something here (at warning or above, explaining at least a
 /// tenth of the memory in question: it accounts for the memory) is not a candidate: the last straw does not lead
 /// beside what filled the memory.
-fn primary(findings: &[&mut Finding], yields_to: &dyn Fn(&str) -> Vec<String>, scale: u64) -> Option<usize> {
+fn primary(
+    findings: &[&mut Finding],
+    yields_to: &dyn Fn(&str) -> Vec<String>,
+    scale: u64,
+    ran_out: bool,
+) -> Option<usize> {
     let fired = |rule: &String| {
         findings.iter().any(|f| {
             &f.rule == rule
@@ -236,10 +241,13 @@ fn primary(findings: &[&mut Finding], yields_to: &dyn Fn(&str) -> Vec<String>, s
         .filter(|(_, f)| serious(f) && f.bytes.is_some())
         .max_by(|(i, a), (j, b)| a.bytes.cmp(&b.bytes).then(a.severity.cmp(&b.severity)).then(j.cmp(i)))
         .map(|(i, _)| i);
+    // At an OOM the primary cause must explain memory: a finding without a size (churn, a missing no_sync) is
+    // listed among the causes, not put first.
     sized.or_else(|| {
         findings
             .iter()
             .enumerate()
+            .filter(|_| !ran_out)
             .filter(|(_, f)| serious(f))
             .max_by(|(i, a), (j, b)| a.severity.cmp(&b.severity).then(j.cmp(i)))
             .map(|(i, _)| i)
@@ -585,10 +593,10 @@ mod tests {
         // More cached free bytes than the leak grew by: bytes alone would make fragmentation primary.
         let mut frag = finding("fragmentation", Severity::Error, 3);
         let mut leak = finding("leaked-references", Severity::Error, 2);
-        assert_eq!(primary(&[&mut frag, &mut leak], &yields, 20 << 30), Some(1));
-        assert_eq!(primary(&[&mut frag, &mut leak], &|_| Vec::new(), 20 << 30), Some(0));
+        assert_eq!(primary(&[&mut frag, &mut leak], &yields, 20 << 30, true), Some(1));
+        assert_eq!(primary(&[&mut frag, &mut leak], &|_| Vec::new(), 20 << 30, true), Some(0));
         // A leak that accounts for less than a tenth of the memory does not: fragmentation leads.
         let mut small = finding("leaked-references", Severity::Warning, 1);
-        assert_eq!(primary(&[&mut frag, &mut small], &yields, 20 << 30), Some(0));
+        assert_eq!(primary(&[&mut frag, &mut small], &yields, 20 << 30, true), Some(0));
     }
 }

@@ -15,6 +15,8 @@ fn every_growth_shape_is_the_primary_cause_and_bounded_caches_stay_silent() {
         let fired: Vec<String> = common::rules_fired(&v);
         let d = &v["devices"][0];
         assert!(d["oom"].is_object(), "{f}: every draw runs out");
+        // At an OOM the primary cause explains memory: churn, which explains none, is listed, never first.
+        assert_ne!(d["verdict"]["primary_rule"], "segment-churn", "{f}");
         let bounded = ["static", "paged", "levels"].iter().any(|s| f.contains(&format!("kv-{s}-")));
         if bounded {
             assert!(!fired.iter().any(|r| r.starts_with("unbounded-kv-growth")), "{f}: {fired:?}");
