@@ -881,41 +881,6 @@ fn grown_by_concatenation(
     counts.into_iter().filter(|&(_, (allocs, grew))| grew >= 8 && 2 * grew >= allocs).map(|(s, _)| s).collect()
 }
 
-/// Live bytes of the allocations `counted` selects, right after each of `marks` (ascending event indices).
-fn live_bytes_at(
-    events: &[crate::timeline::Event],
-    marks: &[usize],
-    counted: &dyn Fn(usize, StackId) -> bool,
-) -> Vec<u64> {
-    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
-    let mut total = 0u64;
-    let mut out = Vec::with_capacity(marks.len());
-    let end = marks.last().map_or(0, |&m| m + 1).min(events.len());
-    let mut next = 0;
-    for (i, e) in events.iter().enumerate().take(end) {
-        match e.action {
-            Action::Alloc if counted(i, e.stack) => {
-                if let Some(b) = live.insert(e.addr, e.size) {
-                    total = total.saturating_sub(b);
-                }
-                total += e.size;
-            }
-            Action::FreeCompleted | Action::FreeRequested => {
-                if let Some(b) = live.remove(&e.addr) {
-                    total = total.saturating_sub(b);
-                }
-            }
-            _ => {}
-        }
-        while next < marks.len() && marks[next] == i {
-            out.push(total);
-            next += 1;
-        }
-    }
-    out.resize(marks.len(), total);
-    out
-}
-
 /// unbounded-kv-growth: the KV cache's live bytes up to the moment, judged on their envelope — the most bytes live
 /// at once so far at each sample — so that a cache re-allocated one token longer each step (torch.cat: new, then the
 /// old freed), one that grows in steps as requests join, and a running batch that merges and retires requests (a
@@ -931,7 +896,6 @@ fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
     // Up to the OOM if there is one; otherwise over the whole trace, so a cache that levelled off after the peak
     // allocated moment is seen to level off.
     let last = cx.report.oom.as_ref().and_then(|o| o.event_index).map_or(cx.dev.events.len() - 1, |i| i as usize);
-    let is_kv = |i: usize, _: StackId| cx.kinds[i] == kv;
     // At the ends of the decode steps when the loop is known and its steps reach the moment: mid-step, a cache being
     // rebuilt one token longer is briefly there twice (the new tensor before the old is freed), which an arbitrary
     // sample would catch. The moment itself is the last sample.
@@ -948,7 +912,10 @@ fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
     if marks.last() != Some(&last) {
         marks.push(last);
     }
-    let series = live_bytes_at(&cx.dev.events, &marks, &is_kv);
+    let series: Vec<u64> = live_per_stack_at(&cx.dev.events, cx.kinds, &marks, &|k| k == kv)
+        .iter()
+        .map(|s| s.values().map(|v| v.0).sum())
+        .collect();
     let Some(first) = series.iter().position(|&b| b > 0) else { return };
     let tail = &series[first..];
     let now = *series.last().expect("marks non-empty");

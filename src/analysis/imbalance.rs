@@ -25,12 +25,18 @@ pub(super) fn imbalance_facts(tl: &Timeline, devices: &mut [DeviceReport]) {
     // Each GPU's live bytes by the user's lines that allocated them, three deep: every live stack, not only the
     // listed ones, named the same way on every GPU.
     let mut names: FxHashMap<StackId, String> = FxHashMap::default();
+    // Each line as the reports name it, from the frames of a stack it groups.
+    let mut shown: FxHashMap<String, String> = FxHashMap::default();
     let by_line: Vec<FxHashMap<String, u64>> = held
         .iter()
         .map(|&(i, _)| {
             let mut m: FxHashMap<String, u64> = FxHashMap::default();
             for &(id, b) in &devices[i].live_stacks {
-                let line = names.entry(id).or_insert_with(|| stacks::user_chain(tl, id, 3));
+                let line = names.entry(id).or_insert_with(|| {
+                    let chain = stacks::user_chain(tl, id, 3);
+                    shown.entry(chain.clone()).or_insert_with(|| innermost_line(tl, id));
+                    chain
+                });
                 *m.entry(line.clone()).or_default() += b;
             }
             m
@@ -65,7 +71,7 @@ pub(super) fn imbalance_facts(tl: &Timeline, devices: &mut [DeviceReport]) {
         let words: Vec<String> = named
             .iter()
             .map(|&&(chain, mine, theirs)| {
-                let line = innermost_line(chain);
+                let line = &shown[chain];
                 if theirs == 0 {
                     format!("{line}: {} here, on no other GPU", crate::units::bytes(mine))
                 } else {
@@ -129,12 +135,15 @@ pub(super) fn imbalance_facts(tl: &Timeline, devices: &mut [DeviceReport]) {
     }
 }
 
-/// A user chain's innermost line, as the reports name a line: `forward (model.py:41) ← …` → `model.py:41 in forward`.
-fn innermost_line(chain: &str) -> String {
-    let first = chain.split(" ← ").next().unwrap_or(chain);
-    match first.strip_suffix(')').and_then(|f| f.rsplit_once(" (")) {
-        Some((name, place)) => format!("{place} in {name}"),
-        None => first.to_string(),
+/// A stack's innermost line of the user's own code, as the reports name a line: `model.py:41 in forward` (its
+/// culprit where it has none).
+fn innermost_line(tl: &Timeline, id: StackId) -> String {
+    match stacks::stack_frames(tl, id).iter().find(|f| !f.library) {
+        Some(f) => {
+            let file = f.filename.replace('\\', "/");
+            format!("{}:{} in {}", file.rsplit('/').next().unwrap_or(&file), f.line, f.name)
+        }
+        None => stacks::culprit(tl, id),
     }
 }
 
@@ -151,7 +160,9 @@ fn parallelism(groups: &[StackGroup]) -> &'static str {
     ];
     let mut bytes: FxHashMap<&str, u64> = FxHashMap::default();
     for g in groups {
-        if let Some(&(_, kind)) = KINDS.iter().find(|(file, _)| g.stack.iter().any(|f| f.contains(file))) {
+        // Windows paths name the same files with backslashes.
+        let frames: Vec<String> = g.stack.iter().map(|f| f.replace('\\', "/")).collect();
+        if let Some(&(_, kind)) = KINDS.iter().find(|(file, _)| frames.iter().any(|f| f.contains(file))) {
             *bytes.entry(kind).or_default() += g.bytes;
         }
     }
