@@ -18,6 +18,7 @@ pub mod raising_line;
 pub mod serving;
 pub mod stacks;
 pub mod verdict;
+pub mod whatif;
 
 use std::collections::BTreeMap;
 

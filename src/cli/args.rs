@@ -76,6 +76,16 @@ pub enum Command {
         oomdoc diff before.pickle after.pickle --format markdown -o memory-diff.md\n  \
         oomdoc diff main-report.json branch.pickle      # a report kept from the main branch's run")]
     Diff(DiffArgs),
+    /// Replay the run through a model of PyTorch's caching allocator under other settings, another GPU or a
+    /// changed workload: would it have fit?
+    #[command(after_help = "Examples:\n  \
+        oomdoc whatif mem_snapshot.pickle                                  # the standard knobs, tried\n  \
+        oomdoc whatif mem_snapshot.pickle --set expandable_segments:True\n  \
+        oomdoc whatif mem_snapshot.pickle --set max_split_size_mb:512 --gpu-memory 80GiB\n  \
+        oomdoc whatif mem_snapshot.pickle --scale activation=0.75          # a smaller batch's activations\n  \
+        oomdoc whatif mem_snapshot.pickle --drop-stack train.py:88         # without what that line allocates\n  \
+        oomdoc whatif --validate fixtures/real/*.pickle                    # the model against the recorded segments")]
+    Whatif(WhatifArgs),
     /// The memory budget before a run: every byte per GPU with its formula, a verdict, and what would fit.
     #[command(long_about = oomdoc::budget::args::BUDGET_HELP)]
     Budget(BudgetCommand),
@@ -87,6 +97,30 @@ pub struct BudgetCommand {
     pub budget: oomdoc::budget::args::BudgetArgs,
     /// Output format.
     #[arg(long, short = 'f', value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+#[derive(clap::Args)]
+pub struct WhatifArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// An allocator setting as PYTORCH_CUDA_ALLOC_CONF writes it (expandable_segments:True, max_split_size_mb:512,
+    /// roundup_power2_divisions:4, garbage_collection_threshold:0.8); repeat for several, all applied together.
+    #[arg(long = "set", value_name = "KEY:VALUE", help_heading = "The change")]
+    pub set: Vec<String>,
+    /// Scale the requests of a kind of memory by a factor (activation=0.75: a batch of 6 instead of 8); `auto`
+    /// as the factor searches the largest that fits.
+    #[arg(long, value_name = "CATEGORY=FACTOR", help_heading = "The change")]
+    pub scale: Vec<String>,
+    /// Leave out the requests whose stack has this frame (file:line, or a function name): a leak fixed.
+    #[arg(long, value_name = "FRAME", help_heading = "The change")]
+    pub drop_stack: Vec<String>,
+    /// Check the model instead: replay each trace under its recorded settings and compare the segments made with
+    /// the segments torch recorded.
+    #[arg(long)]
+    pub validate: bool,
+    /// Output format.
+    #[arg(long, short = 'f', value_enum, default_value_t = Format::Text, help_heading = "Output")]
     pub format: Format,
 }
 

@@ -9,6 +9,7 @@ pub mod job_view;
 pub(crate) mod markdown;
 pub mod rule_list;
 mod text;
+pub mod whatif;
 pub mod wording;
 
 use crate::analysis::Analysis;

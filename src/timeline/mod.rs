@@ -5,6 +5,7 @@ pub mod observed;
 pub mod profile;
 pub mod replay;
 pub mod reported;
+pub mod simulator;
 pub use reported::Severity;
 pub mod stacks;
 

@@ -56,7 +56,7 @@ impl Rules {
         self.divisions.iter().rev().find(|(start, _)| *start <= mib).map_or(0, |&(_, d)| d)
     }
 
-    fn should_split(&self, kind: PoolKind, rounded: u64, remaining: u64) -> bool {
+    pub(crate) fn should_split(&self, kind: PoolKind, rounded: u64, remaining: u64) -> bool {
         if kind == PoolKind::Small || self.expandable {
             remaining >= MIN_BLOCK
         } else {

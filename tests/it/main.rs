@@ -35,6 +35,7 @@ mod record_layouts;
 mod replay_cut;
 mod report_wording;
 mod scenarios;
+mod simulator;
 mod split_read;
 mod text_artifacts;
 mod tui_screens;

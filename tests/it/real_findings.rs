@@ -16,6 +16,13 @@ const EXPECTED: &[(&str, &str, &str, &str)] = &[
         "7.16 GiB of 15.1 GiB reserved is cached free, in pieces: the largest free block is 516 MiB",
     ),
     (
+        "cs336-cliffkai-xl-bwd-24k.pickle",
+        "optimizer-state",
+        "info",
+        "the XL model's AdamW step (torch/optim/adamw.py _multi_tensor_adamw) holds 22.9 GiB at the peak, 60% of \
+         allocated: its two moments (2 × the 7.6 GiB of parameters) and the foreach step's temporaries",
+    ),
+    (
         "cs336-kk-fullstep-57gb.pickle",
         "optimizer-state",
         "info",

@@ -1,0 +1,86 @@
+//! How fast a what-if answers: the device's requests read from its trace (the workload) and one simulation of the
+//! caching allocator over them, beside the analysis of the same trace.
+//!
+//!     cargo bench --bench whatif -- [SNAPSHOT]
+//!
+//! SNAPSHOT defaults to bench/data/snap-1m-real.pickle (1M trace entries shaped as torch writes them;
+//! `bench/run.sh 1m` writes it). Target: one what-if (workload + simulation) under 0.3 s; the verdict's automatic
+//! what-ifs within the analysis's own time.
+
+use std::time::{Duration, Instant};
+
+use oomdoc::analysis::whatif;
+use oomdoc::job::{Job, JobOptions};
+use oomdoc::timeline::replay::Replay;
+use oomdoc::timeline::simulator::{self, Edit};
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+fn main() {
+    let path = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .unwrap_or_else(|| "bench/data/snap-1m-real.pickle".to_string());
+    if !std::path::Path::new(&path).exists() {
+        eprintln!("whatif: {path} not found; write it with `bench/run.sh 1m` (or pass a snapshot path)");
+        return;
+    }
+    let job = Job::read(&JobOptions::new([&path])).expect("snapshot loads");
+    let tl = &job.timelines[0];
+    let dev = tl.devices.iter().max_by_key(|d| d.events.len()).expect("a device");
+    let rounds = 7;
+    let analysis = median(
+        (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                let a = job.analyze_first().expect("analyses");
+                let d = t.elapsed();
+                std::mem::forget(a);
+                d
+            })
+            .collect(),
+    );
+    let replay = Replay::new(dev, tl.settings.as_ref());
+    let cap = whatif::capacity(tl, dev, &replay, None, None);
+    let base = whatif::recorded_config(tl, &replay, &cap);
+    let workload = median(
+        (0..rounds)
+            .map(|_| {
+                let t = Instant::now();
+                let w = whatif::workload(&replay, |_, _| Edit::Keep);
+                let d = t.elapsed();
+                drop(w);
+                d
+            })
+            .collect(),
+    );
+    let w = whatif::workload(&replay, |_, _| Edit::Keep);
+    let mut expandable = base.clone();
+    expandable.rules.expandable = !base.rules.expandable;
+    let mut split = base.clone();
+    split.rules.max_split_size = Some(512 << 20);
+    println!("{path}: {} trace entries, {} requests and frees", dev.events.len(), w.ops.len());
+    println!("  analysis (the whole report)      {}", ms(analysis));
+    println!("  workload from the trace          {}", ms(workload));
+    for (name, cfg) in [("as recorded", base), ("expandable flipped", expandable), ("max_split_size_mb:512", split)] {
+        let sim = median(
+            (0..rounds)
+                .map(|_| {
+                    let t = Instant::now();
+                    let o = simulator::simulate(&w, cfg.clone(), false);
+                    let d = t.elapsed();
+                    assert!(o.peak_reserved > 0);
+                    d
+                })
+                .collect(),
+        );
+        println!("  simulation, {name:<22} {}   one what-if (workload + simulation) {}", ms(sim), ms(workload + sim));
+    }
+}

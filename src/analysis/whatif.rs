@@ -1,0 +1,573 @@
+//! What-ifs: the device's own requests replayed through the allocator model ([`crate::timeline::simulator`]) under
+//! other settings, another capacity or an edited workload, each answering the peak reserved, whether every request
+//! (the one that raised the OOM included) fits, and the headroom. And the simulator's check against the trace:
+//! under the recorded settings it must make the segments torch made.
+
+use serde::Serialize;
+
+use crate::timeline::replay::{Replay, Rules};
+use crate::timeline::simulator::{self, Config, Edit, Outcome, Workload};
+use crate::timeline::{Action, DeviceTimeline, Event, Timeline};
+
+/// How much the allocator could hold, and where that figure comes from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Capacity {
+    pub bytes: Option<u64>,
+    /// A `set_per_process_memory_fraction` cap (checked before the driver is asked).
+    pub fraction_cap: bool,
+    /// Where the figure comes from, in words.
+    pub source: String,
+    /// Memory on the device outside PyTorch's cache, when known (what a GPU of another size also loses).
+    #[serde(skip)]
+    pub outside: Option<u64>,
+}
+
+/// The capacity the run had: a memory cap (given or from the OOM message), else what the OOM says the device had
+/// for PyTorch (reserved + free at the OOM), else the GPU's memory less what was outside PyTorch.
+pub fn capacity(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    replay: &Replay,
+    memory_cap: Option<u64>,
+    gpu_memory: Option<u64>,
+) -> Capacity {
+    let msg = tl.ooms.iter().rev().find(|m| m.device.is_none_or(|d| d == dev.device));
+    let outside = msg.and_then(|m| m.non_pytorch_bytes);
+    if let Some(cap) = memory_cap.or(msg.and_then(|m| m.allowed_bytes)) {
+        let source = if memory_cap.is_some() { "the memory cap given" } else { "the memory cap in the OOM message" };
+        return Capacity { bytes: Some(cap), fraction_cap: true, source: source.into(), outside };
+    }
+    let oom = dev.events.iter().enumerate().rev().find(|(_, e)| e.action == Action::Oom);
+    if let Some((i, e)) = oom {
+        let reserved = replay.reserved_series.get(i).unwrap_or(replay.peak_reserved.0);
+        if let Some(free) = dev.attrs(e).device_free() {
+            let rules = &replay.rules;
+            let wanted = Config::segment_size(rules.round(e.size));
+            if wanted <= free && !rules.expandable {
+                // The driver had room for the segment: something capped the process below the device.
+                // Every segment made before fitted under it: at least the most PyTorch ever held.
+                return Capacity {
+                    bytes: Some(reserved.max(replay.peak_reserved.0)),
+                    fraction_cap: true,
+                    source: "a cap below the device's free memory: taken as the most PyTorch held".into(),
+                    outside,
+                };
+            }
+            return Capacity {
+                bytes: Some(reserved + free),
+                fraction_cap: false,
+                source: "PyTorch's reserved bytes plus the driver's free bytes at the OOM".into(),
+                outside,
+            };
+        }
+    }
+    if let Some(m) = msg {
+        if let (Some(total), Some(out)) = (m.total_bytes, m.non_pytorch_bytes) {
+            return Capacity {
+                bytes: Some(total.saturating_sub(out)),
+                fraction_cap: false,
+                source: "the OOM message's total less the memory outside PyTorch".into(),
+                outside,
+            };
+        }
+    }
+    if let Some(g) = gpu_memory {
+        return Capacity {
+            bytes: Some(g),
+            fraction_cap: false,
+            source: "--gpu-memory (memory outside PyTorch unknown)".into(),
+            outside,
+        };
+    }
+    if let Some(total) = dev.memory_samples.iter().filter_map(|s| s.total).max() {
+        return Capacity {
+            bytes: Some(total),
+            fraction_cap: false,
+            source: "the GPU's memory as nvidia-smi gives it; memory outside PyTorch unknown, a cap would not show"
+                .into(),
+            outside,
+        };
+    }
+    Capacity { bytes: None, fraction_cap: false, source: "unknown: no OOM, no cap, no --gpu-memory".into(), outside }
+}
+
+/// The allocator settings the file recorded, and the capacity.
+pub fn recorded_config(tl: &Timeline, replay: &Replay, cap: &Capacity) -> Config {
+    Config {
+        rules: replay.rules.clone(),
+        gc_threshold: tl.settings.as_ref().and_then(|s| s.garbage_collection_threshold),
+        capacity: cap.bytes,
+        fraction_cap: cap.fraction_cap,
+        device_total: tl.ooms.iter().rev().find_map(|m| m.total_bytes),
+        follow_refusals: false,
+    }
+}
+
+/// The simulator against the trace: the segment changes torch recorded and those the model made.
+#[derive(Clone, Debug, Serialize)]
+pub struct Validation {
+    pub device: i64,
+    pub recorded_segment_events: usize,
+    pub simulated_segment_events: usize,
+    /// How many of them agree from the start (action and size).
+    pub agreeing: usize,
+    /// The first that differs: (index, recorded, simulated), in words.
+    pub first_difference: Option<String>,
+    pub recorded_peak_reserved: u64,
+    pub simulated_peak_reserved: u64,
+    /// The trace starts mid-run: the simulation starts from the rebuilt state.
+    pub rebuilt_start: bool,
+    pub expandable: bool,
+    pub capacity: Capacity,
+    pub exact: bool,
+}
+
+impl Validation {
+    /// Simulated peak reserved against the recorded one, as a signed fraction.
+    pub fn peak_error(&self) -> f64 {
+        if self.recorded_peak_reserved == 0 {
+            return 0.0;
+        }
+        (self.simulated_peak_reserved as f64 - self.recorded_peak_reserved as f64) / self.recorded_peak_reserved as f64
+    }
+}
+
+fn words((a, s): (Action, u64)) -> String {
+    format!("{} {}", a.name(), crate::units::bytes(s))
+}
+
+/// Replays the device's trace under its recorded settings and compares the segments made.
+pub fn validate(tl: &Timeline, dev: &DeviceTimeline, replay: &Replay, memory_cap: Option<u64>) -> Validation {
+    let cap = capacity(tl, dev, replay, memory_cap, None);
+    let cfg = recorded_config(tl, replay, &cap);
+    let w = Workload::from_trace(replay, |_, _| Edit::Keep);
+    let out = simulator::simulate(&w, Config { follow_refusals: true, ..cfg.clone() }, true);
+    let recorded = simulator::recorded_segment_events(&dev.events);
+    let simulated: Vec<(Action, u64)> = out.segment_events.iter().map(|e| (e.action, e.size)).collect();
+    let agreeing = recorded.iter().zip(&simulated).take_while(|(a, b)| a == b).count();
+    let first_difference = (agreeing < recorded.len().max(simulated.len())).then(|| {
+        let r = recorded.get(agreeing).map_or("nothing".into(), |&e| words(e));
+        let s = simulated.get(agreeing).map_or("nothing".into(), |&e| words(e));
+        format!("#{}: recorded {r}, simulated {s}", agreeing + 1)
+    });
+    Validation {
+        device: dev.device,
+        recorded_segment_events: recorded.len(),
+        simulated_segment_events: simulated.len(),
+        agreeing,
+        exact: first_difference.is_none() && out.peak_reserved == replay.peak_reserved.0,
+        first_difference,
+        recorded_peak_reserved: replay.peak_reserved.0,
+        simulated_peak_reserved: out.peak_reserved,
+        rebuilt_start: w.rebuilt_start,
+        expandable: cfg.rules.expandable,
+        capacity: cap,
+    }
+}
+
+/// Applies a workload edit to every recorded request.
+pub fn workload(replay: &Replay, edit: impl FnMut(u32, &Event) -> Edit) -> Workload {
+    Workload::from_trace(replay, edit)
+}
+
+/// One what-if's answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct WhatIf {
+    /// The change, as the command line says it (`expandable_segments:True`, `scale activation=0.75`, …).
+    pub change: String,
+    pub peak_reserved_bytes: u64,
+    /// Every request fits (`None`: the capacity is unknown).
+    pub fits: Option<bool>,
+    /// Capacity − peak reserved (negative: short by that much).
+    pub headroom_bytes: Option<i64>,
+    /// The simulation starts from an empty device with the trace's whole history (else from the rebuilt state).
+    pub exact: bool,
+    /// The first request that did not fit: (trace event, bytes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_failure: Option<(u32, u64)>,
+}
+
+impl WhatIf {
+    pub fn of(change: impl Into<String>, out: &Outcome, cfg: &Config, exact: bool) -> WhatIf {
+        WhatIf {
+            change: change.into(),
+            peak_reserved_bytes: out.peak_reserved,
+            fits: cfg.capacity.map(|_| out.fits()),
+            headroom_bytes: cfg.capacity.map(|c| c as i64 - out.peak_reserved as i64),
+            exact,
+            first_failure: out.first_failure,
+        }
+    }
+}
+
+/// An allocator setting as `PYTORCH_CUDA_ALLOC_CONF` writes it, applied to a config.
+pub fn apply_setting(cfg: &mut Config, key: &str, value: &str) -> Result<(), String> {
+    let bad = || format!("--set {key}:{value}: expected {}", expected(key));
+    match key {
+        "expandable_segments" => {
+            cfg.rules.expandable = match value.to_ascii_lowercase().as_str() {
+                "true" | "1" => true,
+                "false" | "0" => false,
+                _ => return Err(bad()),
+            }
+        }
+        "max_split_size_mb" => {
+            let mb: u64 = value.parse().map_err(|_| bad())?;
+            if mb <= 20 {
+                return Err(format!("--set max_split_size_mb:{value}: torch requires more than 20 (MB)"));
+            }
+            cfg.rules.max_split_size = Some(mb << 20);
+        }
+        "roundup_power2_divisions" => cfg.rules.divisions = parse_divisions(value).ok_or_else(bad)?,
+        "garbage_collection_threshold" => {
+            let t: f64 = value.parse().map_err(|_| bad())?;
+            if !(t > 0.0 && t < 1.0) {
+                return Err(bad());
+            }
+            cfg.gc_threshold = Some(t);
+        }
+        _ => {
+            return Err(format!(
+                "--set {key}: not an allocator setting the simulator models (expandable_segments, \
+                 max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold)"
+            ))
+        }
+    }
+    Ok(())
+}
+
+fn expected(key: &str) -> &'static str {
+    match key {
+        "expandable_segments" => "True or False",
+        "max_split_size_mb" => "a whole number of MB over 20",
+        "roundup_power2_divisions" => "a power of two (4), or [256:1,512:2,>:8]",
+        "garbage_collection_threshold" => "a fraction between 0 and 1",
+        _ => "a value",
+    }
+}
+
+/// `4` (every interval) or `[256:1,512:2,>:8]`, read as torch reads it: a key is a power of two in MB naming the
+/// interval [key, 2·key); the first key also covers every interval below it, and `>` every interval from the last
+/// key named on (that one included). As `(interval start in MiB, divisions)`, the form the file's settings take.
+fn parse_divisions(v: &str) -> Option<Vec<(u64, u64)>> {
+    const INTERVALS: usize = 16;
+    let mut table = [0u64; INTERVALS];
+    if let Ok(d) = v.parse::<u64>() {
+        if !d.is_power_of_two() {
+            return None;
+        }
+        table = [d; INTERVALS];
+    } else {
+        let inner = v.strip_prefix('[')?.strip_suffix(']')?;
+        let mut last: Option<usize> = None;
+        for part in inner.split(',') {
+            let (k, d) = part.split_once(':')?;
+            let d: u64 = d.trim().parse().ok()?;
+            if !d.is_power_of_two() {
+                return None;
+            }
+            match k.trim() {
+                ">" => table[last.unwrap_or(0)..].fill(d),
+                k => {
+                    let mb: u64 = k.parse().ok()?;
+                    if !mb.is_power_of_two() {
+                        return None;
+                    }
+                    let index = (63 - mb.leading_zeros() as usize).min(INTERVALS - 1);
+                    if last.is_none() {
+                        table[..index].fill(d);
+                    }
+                    table[index] = d;
+                    last = Some(index);
+                }
+            }
+        }
+    }
+    Some(table.iter().enumerate().map(|(i, &d)| (1u64 << i, d)).collect())
+}
+
+/// The default config with no settings, for tests.
+pub fn plain_config(capacity: Option<u64>) -> Config {
+    Config { rules: Rules::default(), capacity, ..Default::default() }
+}
+
+/// How a category is scaled: by a factor, or the largest factor that fits (searched).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scale {
+    By(f64),
+    Largest,
+}
+
+/// The changes asked for on the command line, all applied together.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub settings: Vec<(String, String)>,
+    pub scales: Vec<(String, Scale)>,
+    pub drop_stacks: Vec<String>,
+    /// A GPU of this size (less the memory outside PyTorch when known).
+    pub gpu_memory: Option<u64>,
+}
+
+impl Plan {
+    /// Reads `--set KEY:VALUE`, `--scale CATEGORY=FACTOR|auto` and `--drop-stack FRAME`.
+    pub fn parse(set: &[String], scale: &[String], drop: &[String], gpu_memory: Option<u64>) -> Result<Plan, String> {
+        let mut plan = Plan { drop_stacks: drop.to_vec(), gpu_memory, ..Default::default() };
+        for s in set {
+            let (k, v) = s
+                .split_once(':')
+                .or_else(|| s.split_once('='))
+                .ok_or_else(|| format!("--set {s:?}: expected KEY:VALUE, e.g. expandable_segments:True"))?;
+            apply_setting(&mut Config::default(), k.trim(), v.trim())?;
+            plan.settings.push((k.trim().to_string(), v.trim().to_string()));
+        }
+        for s in scale {
+            let (cat, f) = s
+                .split_once('=')
+                .ok_or_else(|| format!("--scale {s:?}: expected CATEGORY=FACTOR, e.g. activation=0.75"))?;
+            let cat = cat.trim();
+            if !super::categories::CATEGORIES.contains(&cat) {
+                let known: Vec<&str> = super::categories::CATEGORIES.to_vec();
+                return Err(format!("--scale {s:?}: {cat:?} is not a category ({})", known.join(", ")));
+            }
+            let by = match f.trim() {
+                "auto" | "max" => Scale::Largest,
+                f => match f.parse::<f64>() {
+                    Ok(x) if x >= 0.0 && x.is_finite() => Scale::By(x),
+                    _ => return Err(format!("--scale {s:?}: the factor must be a number ≥ 0, or auto")),
+                },
+            };
+            plan.scales.push((cat.to_string(), by));
+        }
+        Ok(plan)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.settings.is_empty() && self.scales.is_empty() && self.drop_stacks.is_empty() && self.gpu_memory.is_none()
+    }
+
+    /// The change in words, as the command line gave it.
+    pub fn words(&self, searched: Option<f64>) -> String {
+        let mut parts: Vec<String> = self.settings.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+        for (c, s) in &self.scales {
+            parts.push(match (s, searched) {
+                (Scale::By(f), _) => format!("{c}×{f}"),
+                (Scale::Largest, Some(f)) => format!("{c}×{f:.2} (the largest that fits)"),
+                (Scale::Largest, None) => format!("{c}×? (nothing fits)"),
+            });
+        }
+        parts.extend(self.drop_stacks.iter().map(|d| format!("without {d}")));
+        if let Some(g) = self.gpu_memory {
+            parts.push(format!("a {} GPU", crate::units::bytes(g)));
+        }
+        parts.join(", ")
+    }
+}
+
+/// One device's what-ifs.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceWhatIfs {
+    pub device: i64,
+    pub capacity: Capacity,
+    /// The trace's own settings, simulated: the baseline every change is read against.
+    pub recorded: WhatIf,
+    pub whatif: Vec<WhatIf>,
+    /// Why the results are approximate, when they are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approximate: Option<String>,
+}
+
+/// Whether a frame pattern (`file:line`, `file`, or a function name) names one of the stack's frames.
+fn stack_has(tl: &Timeline, stack: crate::timeline::stacks::StackId, pattern: &str) -> bool {
+    let (file, line) = match pattern.rsplit_once(':') {
+        Some((f, l)) => match l.parse::<i64>() {
+            Ok(l) => (f, Some(l)),
+            Err(_) => (pattern, None),
+        },
+        None => (pattern, None),
+    };
+    tl.stacks.stack(stack).iter().any(|&f| {
+        let fr = tl.stacks.frame(f);
+        let (name, func) = (tl.str(fr.filename), tl.str(fr.name));
+        let file_ok = name == file || name.ends_with(&format!("/{file}")) || name.ends_with(&format!("\\{file}"));
+        match line {
+            Some(l) => file_ok && fr.line == l,
+            None => file_ok || func == file,
+        }
+    })
+}
+
+/// Runs the plan on one device (or, with an empty plan, the standard knobs).
+pub fn run_device(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    replay: &Replay,
+    cats: &super::categories::Categorizer,
+    plan: &Plan,
+    memory_cap: Option<u64>,
+) -> Result<DeviceWhatIfs, String> {
+    let cap = capacity(tl, dev, replay, memory_cap, plan.gpu_memory);
+    let base = recorded_config(tl, replay, &cap);
+    let plain = workload(replay, |_, _| Edit::Keep);
+    let exact = !plain.rebuilt_start;
+    let approximate = plain.rebuilt_start.then(|| {
+        "the trace starts mid-run (its ring buffer wrapped, or recording began late): each simulation starts from \
+         the state rebuilt at its first event"
+            .to_string()
+    });
+    let recorded = WhatIf::of("as recorded", &simulator::simulate(&plain, base.clone(), false), &base, exact);
+    let mut whatif = Vec::new();
+    if plan.is_empty() {
+        whatif = standard(&plain, &base, exact);
+    } else {
+        let mut cfg = base.clone();
+        for (k, v) in &plan.settings {
+            apply_setting(&mut cfg, k, v)?;
+        }
+        if let Some(g) = plan.gpu_memory {
+            cfg.capacity = Some(g.saturating_sub(cap.outside.unwrap_or(0)));
+            cfg.fraction_cap = false;
+        }
+        let mut cache = super::categories::CategoryCache::new(cats, tl);
+        let mut category: rustc_hash::FxHashMap<u32, &'static str> = Default::default();
+        let mut dropped: rustc_hash::FxHashMap<u32, bool> = Default::default();
+        let mut seen = vec![0usize; plan.scales.len()];
+        let mut any_dropped = vec![false; plan.drop_stacks.len()];
+        for e in dev.events.iter().filter(|e| e.action == Action::Alloc) {
+            let c = *category.entry(e.stack).or_insert_with(|| cache.of(e.stack));
+            for (i, (name, _)) in plan.scales.iter().enumerate() {
+                seen[i] += (c == name) as usize;
+            }
+            let d = *dropped.entry(e.stack).or_insert_with(|| {
+                let hits: Vec<bool> = plan.drop_stacks.iter().map(|p| stack_has(tl, e.stack, p)).collect();
+                hits.iter().enumerate().for_each(|(i, &h)| any_dropped[i] |= h);
+                hits.contains(&true)
+            });
+            let _ = d;
+        }
+        if let Some(i) = seen.iter().position(|&n| n == 0) {
+            return Err(format!(
+                "--scale {}: no request in GPU {}'s trace is of that kind{}",
+                plan.scales[i].0,
+                dev.device,
+                if tl.capture.trace_stacks { "" } else { " (the capture recorded no stacks to tell kinds apart)" }
+            ));
+        }
+        if let Some(i) = any_dropped.iter().position(|&h| !h) {
+            return Err(format!(
+                "--drop-stack {}: no request in GPU {}'s trace has that frame",
+                plan.drop_stacks[i], dev.device
+            ));
+        }
+        let run = |factor: Option<f64>| {
+            let w = workload(replay, |_, e| {
+                if dropped.get(&e.stack).copied().unwrap_or(false) {
+                    return Edit::Drop;
+                }
+                let c = category.get(&e.stack).copied().unwrap_or("unknown");
+                match plan.scales.iter().find(|(n, _)| n == c) {
+                    Some((_, Scale::By(f))) => Edit::Resize((e.size as f64 * f).round() as u64),
+                    Some((_, Scale::Largest)) => Edit::Resize((e.size as f64 * factor.unwrap_or(1.0)).round() as u64),
+                    None => Edit::Keep,
+                }
+            });
+            simulator::simulate(&w, cfg.clone(), false)
+        };
+        let searching = plan.scales.iter().any(|(_, s)| *s == Scale::Largest);
+        if searching && cfg.capacity.is_some() {
+            let (mut lo, mut hi) = (0.0f64, 1.0f64);
+            // Past 1× when it fits as recorded: how much larger it could be.
+            while run(Some(hi)).fits() && hi < 64.0 {
+                lo = hi;
+                hi *= 2.0;
+            }
+            for _ in 0..12 {
+                let mid = (lo + hi) / 2.0;
+                if run(Some(mid)).fits() {
+                    lo = mid
+                } else {
+                    hi = mid
+                }
+            }
+            let out = run(Some(lo));
+            let found = out.fits().then_some(lo);
+            whatif.push(WhatIf::of(plan.words(found), &out, &cfg, exact));
+        } else {
+            whatif.push(WhatIf::of(plan.words(None), &run(None), &cfg, exact));
+        }
+    }
+    Ok(DeviceWhatIfs { device: dev.device, capacity: cap, recorded, whatif, approximate })
+}
+
+/// The standard knobs, each alone: expandable segments, the best `max_split_size_mb`, rounding to power-of-two
+/// divisions, and (under a memory cap) garbage collection.
+fn standard(w: &Workload, base: &Config, exact: bool) -> Vec<WhatIf> {
+    let mut out = Vec::new();
+    let try_with = |change: String, cfg: Config| {
+        let o = simulator::simulate(w, cfg.clone(), false);
+        WhatIf::of(change, &o, &cfg, exact)
+    };
+    let mut cfg = base.clone();
+    cfg.rules.expandable = !base.rules.expandable;
+    out.push(try_with(format!("expandable_segments:{}", if cfg.rules.expandable { "True" } else { "False" }), cfg));
+    if !base.rules.expandable {
+        let mut best: Option<(u64, u64, Outcome, Config)> = None;
+        for mb in [64u64, 128, 256, 512, 1024, 2048, 4096] {
+            let mut cfg = base.clone();
+            cfg.rules.max_split_size = Some(mb << 20);
+            let o = simulator::simulate(w, cfg.clone(), false);
+            let key = (o.failures as u64, o.peak_reserved);
+            if best.as_ref().is_none_or(|b| key < (b.2.failures as u64, b.1)) {
+                best = Some((mb, o.peak_reserved, o, cfg));
+            }
+        }
+        if let Some((mb, _, o, cfg)) = best {
+            out.push(WhatIf::of(format!("max_split_size_mb:{mb} (the best of 64–4096)"), &o, &cfg, exact));
+        }
+    }
+    let mut cfg = base.clone();
+    cfg.rules.divisions = parse_divisions("4").unwrap_or_default();
+    out.push(try_with("roundup_power2_divisions:4".into(), cfg));
+    if base.fraction_cap && base.gc_threshold.is_none() {
+        let mut cfg = base.clone();
+        cfg.gc_threshold = Some(0.8);
+        out.push(try_with("garbage_collection_threshold:0.8".into(), cfg));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divisions_are_read_as_torch_reads_them() {
+        let all4 = parse_divisions("4").unwrap();
+        assert_eq!(all4.len(), 16);
+        assert!(all4.iter().all(|&(_, d)| d == 4));
+        let t = parse_divisions("[256:1,512:2,>:8]").unwrap();
+        let at = |mib: u64| t.iter().find(|e| e.0 == mib).unwrap().1;
+        // the first key covers every interval below it; `>` fills from the last key named, that one included
+        assert_eq!((at(1), at(128), at(256), at(512), at(1024), at(32768)), (1, 1, 1, 8, 8, 8));
+        assert!(parse_divisions("3").is_none());
+        assert!(parse_divisions("[100:2]").is_none());
+        assert!(parse_divisions("[256:3]").is_none());
+    }
+
+    #[test]
+    fn a_plan_reads_the_command_line_and_says_itself() {
+        let p = Plan::parse(
+            &["expandable_segments:True".into(), "max_split_size_mb=512".into()],
+            &["activation=0.75".into(), "kv_cache=auto".into()],
+            &["train.py:88".into()],
+            Some(80 << 30),
+        )
+        .unwrap();
+        assert_eq!(
+            p.words(Some(0.5)),
+            "expandable_segments:True, max_split_size_mb:512, activation×0.75, kv_cache×0.50 (the largest that \
+             fits), without train.py:88, a 80.0 GiB GPU"
+        );
+        assert!(Plan::parse(&[], &["activation=-1".into()], &[], None).is_err());
+        assert!(Plan::parse(&["garbage_collection_threshold:1.5".into()], &[], &[], None).is_err());
+    }
+}

@@ -1,0 +1,913 @@
+//! A model of PyTorch's CUDA caching allocator that decides placement itself.
+//!
+//! The rules are those of `c10/cuda/CUDACachingAllocator.cpp` (torch 2.x), as facts: requests are rounded to 512
+//! bytes (or to a power-of-two division under `roundup_power2_divisions`); requests up to 1 MiB come from the small
+//! pool, whose segments are 2 MiB; larger ones from the large pool, with 20 MiB segments for requests under 10 MiB
+//! and the request rounded up to 2 MiB above; a free block is chosen best fit per stream (smallest size, then lowest
+//! address), refused when `max_split_size` says it is oversized; the remainder is split off when worth keeping; freed
+//! blocks merge with free neighbours. When no cached block fits, a new segment is asked for; when that fails the
+//! allocator frees oversized cached segments (`max_split_size`), then every unsplit cached segment, and retries;
+//! only then is it out of memory. Expandable segments map 2 MiB (small) or 20 MiB (large) pages at the end of one
+//! reserved range per stream and pool, and unmap whole free pages when the cache is emptied.
+
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap;
+
+use crate::timeline::replay::Rules;
+use crate::timeline::{Action, PoolKind};
+
+pub const MIN_BLOCK: u64 = 512;
+pub const SMALL_SIZE: u64 = 1 << 20;
+pub const SMALL_BUFFER: u64 = 2 << 20;
+pub const LARGE_BUFFER: u64 = 20 << 20;
+pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
+pub const ROUND_LARGE: u64 = 2 << 20;
+
+/// The settings a simulation runs under.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Config {
+    /// Rounding, splitting and expandable segments.
+    pub rules: Rules,
+    /// `garbage_collection_threshold` (a fraction of the cap; torch uses it only under a memory-fraction cap).
+    pub gc_threshold: Option<f64>,
+    /// The bytes the allocator may hold in segments: the memory-fraction cap, or what the device had for PyTorch.
+    /// `None`: unlimited (every request fits).
+    pub capacity: Option<u64>,
+    /// `capacity` is a `set_per_process_memory_fraction` cap, checked before asking the driver, against the
+    /// segment size the request would get.
+    pub fraction_cap: bool,
+    /// The device's memory, which sizes an expandable segment's address range (1.125 ×, as torch reserves).
+    pub device_total: Option<u64>,
+    /// Where the trace shows the driver refusing a new segment, refuse it too (replaying the run as it was);
+    /// otherwise the capacity alone decides (what-ifs).
+    pub follow_refusals: bool,
+}
+
+impl Config {
+    /// The size of a new segment for a rounded request (`get_allocation_size`).
+    pub fn segment_size(size: u64) -> u64 {
+        if size <= SMALL_SIZE {
+            SMALL_BUFFER
+        } else if size < MIN_LARGE_ALLOC {
+            LARGE_BUFFER
+        } else {
+            size.div_ceil(ROUND_LARGE) * ROUND_LARGE
+        }
+    }
+}
+
+/// A change to the allocator's segments, as the trace would record it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentEvent {
+    pub action: Action,
+    pub size: u64,
+    /// The workload operation that caused it.
+    pub op: u32,
+}
+
+/// No block.
+pub const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct Blk {
+    addr: u64,
+    size: u64,
+    seg: u32,
+    prev: u32,
+    next: u32,
+    allocated: bool,
+    mapped: bool,
+    /// The pool's free-block search count when the block was cached (garbage collection ages by it).
+    gc_base: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Seg {
+    base: u64,
+    stream: u64,
+    pool: u16,
+    expandable: bool,
+}
+
+/// One pool: a `(private pool id, small or large)` pair. Free blocks are ordered as torch orders them: by stream,
+/// then size, then address; an expandable segment's unmapped ranges by stream, then address.
+#[derive(Clone, Debug)]
+struct Pool {
+    small: bool,
+    private: bool,
+    blocks: BTreeSet<(u64, u64, u64, u32)>,
+    unmapped: BTreeSet<(u64, u64, u32)>,
+    free_calls: u64,
+}
+
+/// The allocator's state and counters.
+#[derive(Clone, Debug)]
+pub struct Allocator {
+    cfg: Config,
+    blks: Vec<Blk>,
+    spare: Vec<u32>,
+    segs: Vec<Seg>,
+    pools: Vec<Pool>,
+    pool_index: FxHashMap<((i64, i64), bool), u16>,
+    /// Live segment ranges by base, to keep hinted addresses from overlapping.
+    live_ranges: std::collections::BTreeMap<u64, u64>,
+    next_base: u64,
+    /// Addresses the recorded trace gave new segments, by size, in order: a new segment of that size takes the
+    /// next, so ties between equal free blocks break as they did on the GPU.
+    hints: FxHashMap<u64, std::collections::VecDeque<u64>>,
+    pub reserved: u64,
+    pub allocated: u64,
+    pub peak_reserved: u64,
+    pub peak_reserved_op: Option<u32>,
+    pub peak_allocated: u64,
+    pub segment_events: Vec<SegmentEvent>,
+    /// Keep segment events (validation needs them; what-ifs do not).
+    pub record_events: bool,
+    op: u32,
+}
+
+const SYNTHETIC_BASE: u64 = 1 << 52;
+
+impl Allocator {
+    pub fn new(cfg: Config) -> Allocator {
+        Allocator {
+            cfg,
+            blks: Vec::new(),
+            spare: Vec::new(),
+            segs: Vec::new(),
+            pools: Vec::new(),
+            pool_index: FxHashMap::default(),
+            live_ranges: Default::default(),
+            next_base: SYNTHETIC_BASE,
+            hints: FxHashMap::default(),
+            reserved: 0,
+            allocated: 0,
+            peak_reserved: 0,
+            peak_reserved_op: None,
+            peak_allocated: 0,
+            segment_events: Vec::new(),
+            record_events: false,
+            op: 0,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn set_hints(&mut self, hints: FxHashMap<u64, std::collections::VecDeque<u64>>) {
+        self.hints = hints;
+    }
+
+    /// The operation the next changes are charged to.
+    pub fn at_op(&mut self, op: u32) {
+        self.op = op;
+    }
+
+    pub fn pool_for(&mut self, pool_id: (i64, i64), small: bool) -> u16 {
+        let private = pool_id != (0, 0);
+        let n = self.pools.len() as u16;
+        *self.pool_index.entry((pool_id, small)).or_insert_with(|| {
+            self.pools.push(Pool { small, private, blocks: BTreeSet::new(), unmapped: BTreeSet::new(), free_calls: 0 });
+            n
+        })
+    }
+
+    fn new_blk(&mut self, b: Blk) -> u32 {
+        match self.spare.pop() {
+            Some(i) => {
+                self.blks[i as usize] = b;
+                i
+            }
+            None => {
+                self.blks.push(b);
+                (self.blks.len() - 1) as u32
+            }
+        }
+    }
+
+    fn key(&self, b: u32) -> (u64, u64, u64, u32) {
+        let k = &self.blks[b as usize];
+        (self.segs[k.seg as usize].stream, k.size, k.addr, b)
+    }
+
+    fn ukey(&self, b: u32) -> (u64, u64, u32) {
+        let k = &self.blks[b as usize];
+        (self.segs[k.seg as usize].stream, k.addr, b)
+    }
+
+    fn pool_of(&self, b: u32) -> usize {
+        self.segs[self.blks[b as usize].seg as usize].pool as usize
+    }
+
+    fn cache(&mut self, b: u32) {
+        let p = self.pool_of(b);
+        self.blks[b as usize].gc_base = self.pools[p].free_calls;
+        let k = self.key(b);
+        self.pools[p].blocks.insert(k);
+    }
+
+    fn uncache(&mut self, b: u32) {
+        let p = self.pool_of(b);
+        let k = self.key(b);
+        self.pools[p].blocks.remove(&k);
+    }
+
+    fn event(&mut self, action: Action, size: u64) {
+        if self.record_events {
+            self.segment_events.push(SegmentEvent { action, size, op: self.op });
+        }
+    }
+
+    fn grow(&mut self, bytes: u64) {
+        self.reserved += bytes;
+        if self.reserved > self.peak_reserved {
+            self.peak_reserved = self.reserved;
+            self.peak_reserved_op = Some(self.op);
+        }
+    }
+
+    /// An address for a new segment: the recorded one for its size when it is free, else a fresh one.
+    fn segment_base(&mut self, size: u64) -> u64 {
+        while let Some(a) = self.hints.get_mut(&size).and_then(|q| q.pop_front()) {
+            let clear_before = self.live_ranges.range(..=a).next_back().is_none_or(|(&b, &s)| b + s <= a);
+            let clear_after = self.live_ranges.range(a..).next().is_none_or(|(&b, _)| b >= a + size);
+            if clear_before && clear_after && a < SYNTHETIC_BASE {
+                return a;
+            }
+        }
+        let a = self.next_base;
+        self.next_base += size.div_ceil(ROUND_LARGE) * ROUND_LARGE + ROUND_LARGE;
+        a
+    }
+
+    fn add_segment(&mut self, base: u64, size: u64, stream: u64, pool: u16, expandable: bool) -> u32 {
+        self.live_ranges.insert(base, size);
+        self.segs.push(Seg { base, stream, pool, expandable });
+        (self.segs.len() - 1) as u32
+    }
+
+    /// Puts a segment of the rebuilt starting state in place: its blocks `(address, size, allocated)` in address
+    /// order. Returns the allocated blocks' ids in order.
+    pub fn place_segment(
+        &mut self,
+        base: u64,
+        stream: u64,
+        pool: u16,
+        expandable: bool,
+        blocks: &[(u64, u64, bool)],
+    ) -> Vec<u32> {
+        let total: u64 = blocks.iter().map(|b| b.1).sum();
+        let seg = self.add_segment(base, total, stream, pool, expandable);
+        self.next_base = self.next_base.max(base.saturating_add(total).min(SYNTHETIC_BASE));
+        let mut prev = NIL;
+        let mut held = Vec::new();
+        for &(addr, size, allocated) in blocks {
+            let b = self.new_blk(Blk { addr, size, seg, prev, next: NIL, allocated, mapped: true, gc_base: 0 });
+            if prev != NIL {
+                self.blks[prev as usize].next = b;
+            }
+            prev = b;
+            if allocated {
+                self.allocated += size;
+                held.push(b);
+            } else {
+                self.cache(b);
+            }
+        }
+        self.grow(total);
+        self.peak_allocated = self.peak_allocated.max(self.allocated);
+        held
+    }
+
+    /// `malloc`: a block for a request of `size` bytes (the caller's size), or `None` when the allocator would
+    /// have raised out-of-memory.
+    pub fn malloc(&mut self, size: u64, stream: u64, pool_id: (i64, i64)) -> Option<u32> {
+        self.malloc_with(size, stream, pool_id, false)
+    }
+
+    /// `malloc` where the driver is known to have refused the first new segment (the trace shows the allocator
+    /// freeing its cache before making one): the first try fails whatever the capacity. Returns the block and the
+    /// bytes the refused segment would have brought the reservation to.
+    pub fn malloc_refused(&mut self, size: u64, stream: u64, pool_id: (i64, i64)) -> (Option<u32>, u64) {
+        let asked = self.reserved + Config::segment_size(self.cfg.rules.round(size));
+        (self.malloc_with(size, stream, pool_id, true), asked)
+    }
+
+    /// Whether a cached block would serve the request as it stands.
+    pub fn cache_serves(&mut self, size: u64, stream: u64, pool_id: (i64, i64)) -> bool {
+        let size = self.cfg.rules.round(size);
+        let pool = self.pool_for(pool_id, size <= SMALL_SIZE);
+        let calls = self.pools[pool as usize].free_calls;
+        let found = self.get_free_block(pool, stream, size);
+        self.pools[pool as usize].free_calls = calls;
+        match found {
+            Some(b) => {
+                self.cache(b);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn malloc_with(&mut self, size: u64, stream: u64, pool_id: (i64, i64), refused: bool) -> Option<u32> {
+        let size = self.cfg.rules.round(size);
+        let small = size <= SMALL_SIZE;
+        let pool = self.pool_for(pool_id, small);
+        let alloc_size = Config::segment_size(size);
+        let mut found = self.get_free_block(pool, stream, size);
+        if found.is_none() {
+            if self.cfg.fraction_cap && self.cfg.gc_threshold.is_some_and(|t| t > 0.0) {
+                self.garbage_collect();
+            }
+            if !refused {
+                found = self.alloc_block(pool, stream, size, alloc_size);
+            }
+            if found.is_none() && self.release_available(pool, stream, size) {
+                found = self.alloc_block(pool, stream, size, alloc_size);
+            }
+            if found.is_none() {
+                self.release_cached();
+                found = self.alloc_block(pool, stream, size, alloc_size);
+            }
+        }
+        let b = found?;
+        self.alloc_found(b, size, pool);
+        Some(b)
+    }
+
+    fn get_free_block(&mut self, pool: u16, stream: u64, size: u64) -> Option<u32> {
+        let p = &mut self.pools[pool as usize];
+        if self.cfg.fraction_cap && self.cfg.gc_threshold.is_some_and(|t| t > 0.0) {
+            p.free_calls += 1;
+        }
+        let p = &self.pools[pool as usize];
+        let mut it = p.blocks.range((stream, size, 0, 0)..).copied();
+        let mut cur = it.next()?;
+        if cur.0 != stream {
+            return None;
+        }
+        let exp = |s: &Allocator, b: u32| s.segs[s.blks[b as usize].seg as usize].expandable;
+        if exp(self, cur.3) {
+            if self.cfg.rules.expandable {
+                // Best fit counts an expandable block as the size it can grow to (itself and the unmapped range
+                // after it), so a block at a segment's end may be passed over for a tighter one.
+                let grows_to = |s: &Allocator, b: u32| {
+                    let k = &s.blks[b as usize];
+                    k.size
+                        + if k.next != NIL && !s.blks[k.next as usize].mapped {
+                            s.blks[k.next as usize].size
+                        } else {
+                            0
+                        }
+                };
+                for next in it {
+                    if !(exp(self, cur.3) && next.0 == stream && grows_to(self, next.3) < grows_to(self, cur.3)) {
+                        break;
+                    }
+                    cur = next;
+                }
+            } else {
+                loop {
+                    match it.next() {
+                        Some(n) if n.0 == stream && exp(self, n.3) => continue,
+                        Some(n) if n.0 == stream => {
+                            cur = n;
+                            break;
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+        }
+        if let Some(m) = self.cfg.rules.max_split_size {
+            // An oversized block is not handed to a small request, nor to a large one it exceeds by 20 MiB.
+            if size < m && cur.1 >= m || size >= m && cur.1 >= size + LARGE_BUFFER {
+                return None;
+            }
+        }
+        self.pools[pool as usize].blocks.remove(&cur);
+        Some(cur.3)
+    }
+
+    fn alloc_block(&mut self, pool: u16, stream: u64, size: u64, alloc_size: u64) -> Option<u32> {
+        if self.cfg.fraction_cap && self.cfg.capacity.is_some_and(|c| self.reserved + alloc_size > c) {
+            return None;
+        }
+        if self.cfg.rules.expandable && !self.pools[pool as usize].private {
+            return self.allocate_expandable(pool, stream, size);
+        }
+        if !self.cfg.fraction_cap && self.cfg.capacity.is_some_and(|c| self.reserved + alloc_size > c) {
+            return None;
+        }
+        let base = self.segment_base(alloc_size);
+        let seg = self.add_segment(base, alloc_size, stream, pool, false);
+        let b = self.new_blk(Blk {
+            addr: base,
+            size: alloc_size,
+            seg,
+            prev: NIL,
+            next: NIL,
+            allocated: false,
+            mapped: true,
+            gc_base: 0,
+        });
+        self.grow(alloc_size);
+        self.event(Action::SegmentAlloc, alloc_size);
+        Some(b)
+    }
+
+    fn alloc_found(&mut self, b: u32, size: u64, pool: u16) {
+        let kind = if self.pools[pool as usize].small { PoolKind::Small } else { PoolKind::Large };
+        let remaining = self.blks[b as usize].size - size;
+        if self.cfg.rules.should_split(kind, size, remaining) {
+            let k = self.blks[b as usize].clone();
+            let r = self.new_blk(Blk {
+                addr: k.addr + size,
+                size: remaining,
+                seg: k.seg,
+                prev: b,
+                next: k.next,
+                allocated: false,
+                mapped: true,
+                gc_base: 0,
+            });
+            if k.next != NIL {
+                self.blks[k.next as usize].prev = r;
+            }
+            let bb = &mut self.blks[b as usize];
+            bb.next = r;
+            bb.size = size;
+            self.cache(r);
+        }
+        let bb = &mut self.blks[b as usize];
+        bb.allocated = true;
+        self.allocated += bb.size;
+        self.peak_allocated = self.peak_allocated.max(self.allocated);
+    }
+
+    /// Frees a block: it merges with free neighbours and returns to its pool.
+    pub fn free(&mut self, b: u32) {
+        let k = &mut self.blks[b as usize];
+        if !k.allocated {
+            return;
+        }
+        k.allocated = false;
+        self.allocated -= k.size;
+        let (prev, next) = (k.prev, k.next);
+        self.try_merge(b, prev);
+        self.try_merge(b, next);
+        self.cache(b);
+    }
+
+    /// The block's size (its rounded size once allocated).
+    pub fn block_size(&self, b: u32) -> u64 {
+        self.blks[b as usize].size
+    }
+
+    fn try_merge(&mut self, dst: u32, src: u32) -> u64 {
+        if src == NIL {
+            return 0;
+        }
+        let s = &self.blks[src as usize];
+        if s.allocated || s.mapped != self.blks[dst as usize].mapped {
+            return 0;
+        }
+        let p = self.pool_of(src);
+        if s.mapped {
+            let k = self.key(src);
+            self.pools[p].blocks.remove(&k);
+        } else {
+            let k = self.ukey(src);
+            self.pools[p].unmapped.remove(&k);
+        }
+        let s = self.blks[src as usize].clone();
+        if self.blks[dst as usize].prev == src {
+            let d = &mut self.blks[dst as usize];
+            d.addr = s.addr;
+            d.prev = s.prev;
+            if s.prev != NIL {
+                self.blks[s.prev as usize].next = dst;
+            }
+        } else {
+            self.blks[dst as usize].next = s.next;
+            if s.next != NIL {
+                self.blks[s.next as usize].prev = dst;
+            }
+        }
+        self.blks[dst as usize].size += s.size;
+        self.spare.push(src);
+        s.size
+    }
+
+    fn release_block(&mut self, b: u32) {
+        self.uncache(b);
+        let k = &self.blks[b as usize];
+        let (size, base) = (k.size, k.addr);
+        self.live_ranges.remove(&base);
+        self.reserved -= size;
+        self.spare.push(b);
+        self.event(Action::SegmentFree, size);
+    }
+
+    /// With `max_split_size`, frees oversized cached segments of the stream: the smallest one big enough, or the
+    /// largest ones until enough is freed.
+    fn release_available(&mut self, pool: u16, stream: u64, size: u64) -> bool {
+        let Some(m) = self.cfg.rules.max_split_size else { return false };
+        let want = size.max(m);
+        let p = &self.pools[pool as usize];
+        if let Some(&k) = p.blocks.range((stream, want, 0, 0)..).next().filter(|k| k.0 == stream) {
+            let b = k.3;
+            let bk = &self.blks[b as usize];
+            if !self.segs[bk.seg as usize].expandable && bk.prev == NIL && bk.next == NIL {
+                self.release_block(b);
+            }
+            return true;
+        }
+        let mut largest: Vec<(u64, u64, u64, u32)> =
+            p.blocks.range((stream, 0, 0, 0)..(stream, want, 0, 0)).rev().copied().collect();
+        largest.retain(|k| k.1 >= m);
+        let mut released = 0;
+        for k in largest {
+            if released >= want {
+                break;
+            }
+            let bk = &self.blks[k.3 as usize];
+            if !self.segs[bk.seg as usize].expandable && bk.prev == NIL && bk.next == NIL {
+                released += k.1;
+                self.release_block(k.3);
+            }
+        }
+        released >= want
+    }
+
+    /// `empty_cache` (and the allocator's last resort before out-of-memory): frees every unsplit cached segment of
+    /// the default pools, large then small, and unmaps the whole free pages of expandable segments.
+    pub fn release_cached(&mut self) {
+        let pools: Vec<u16> = {
+            let mut v: Vec<(bool, u16)> =
+                self.pools.iter().enumerate().filter(|(_, p)| !p.private).map(|(i, p)| (p.small, i as u16)).collect();
+            v.sort();
+            v.into_iter().map(|(_, i)| i).collect()
+        };
+        for pool in pools {
+            let keys: Vec<(u64, u64, u64, u32)> = self.pools[pool as usize].blocks.iter().copied().collect();
+            let mut to_unmap = Vec::new();
+            for k in keys {
+                let bk = &self.blks[k.3 as usize];
+                if self.segs[bk.seg as usize].expandable {
+                    to_unmap.push(k.3);
+                } else if bk.prev == NIL && bk.next == NIL {
+                    self.release_block(k.3);
+                }
+            }
+            for b in to_unmap {
+                self.unmap(b);
+            }
+        }
+    }
+
+    /// Garbage collection under a memory-fraction cap: frees unsplit cached large segments older than the average,
+    /// until the reserved bytes are back under the threshold.
+    fn garbage_collect(&mut self) {
+        let (Some(t), Some(cap)) = (self.cfg.gc_threshold, self.cfg.capacity) else { return };
+        let threshold = (t * cap as f64) as u64;
+        if self.reserved <= threshold {
+            return;
+        }
+        let target = self.reserved - threshold;
+        let Some(&pool) = self.pool_index.get(&((0, 0), false)) else { return };
+        let calls = self.pools[pool as usize].free_calls;
+        let freeable = |s: &Allocator| -> Vec<(u32, u64)> {
+            s.pools[pool as usize]
+                .blocks
+                .iter()
+                .filter(|k| {
+                    let b = &s.blks[k.3 as usize];
+                    b.prev == NIL && b.next == NIL && !s.segs[b.seg as usize].expandable
+                })
+                .map(|k| (k.3, calls - s.blks[k.3 as usize].gc_base))
+                .collect()
+        };
+        let mut blocks = freeable(self);
+        let mut total_age: u64 = blocks.iter().map(|b| b.1).sum();
+        let mut count = blocks.len();
+        let mut reclaimed = 0;
+        let mut freed = true;
+        while reclaimed < target && freed && count > 0 {
+            let threshold = total_age as f64 / count as f64;
+            freed = false;
+            for &(b, age) in &blocks {
+                if age as f64 >= threshold {
+                    freed = true;
+                    reclaimed += self.blks[b as usize].size;
+                    total_age -= age;
+                    count -= 1;
+                    self.release_block(b);
+                }
+            }
+            blocks = freeable(self);
+        }
+    }
+
+    fn page(&self, pool: usize) -> u64 {
+        if self.pools[pool].small {
+            SMALL_BUFFER
+        } else {
+            LARGE_BUFFER
+        }
+    }
+
+    fn allocate_expandable(&mut self, pool: u16, stream: u64, size: u64) -> Option<u32> {
+        let mut c = self.find_expandable(pool, stream, size);
+        if !self.blks[c as usize].mapped {
+            let n = self.blks[c as usize].size.min(size);
+            if !self.map(c, n) {
+                return None;
+            }
+        }
+        while self.blks[c as usize].size < size {
+            let remaining = size - self.blks[c as usize].size;
+            let next = self.blks[c as usize].next;
+            if next == NIL {
+                return None;
+            }
+            let n = remaining.min(self.blks[next as usize].size);
+            if !self.map(next, n) {
+                return None;
+            }
+            c = next;
+        }
+        self.uncache(c);
+        Some(c)
+    }
+
+    fn find_expandable(&mut self, pool: u16, stream: u64, size: u64) -> u32 {
+        let usable = |s: &Allocator, b: u32| b != NIL && !s.blks[b as usize].allocated;
+        let room = |s: &Allocator, mut b: u32| {
+            let mut bytes = 0;
+            while bytes < size && usable(s, b) {
+                bytes += s.blks[b as usize].size;
+                b = s.blks[b as usize].next;
+            }
+            bytes >= size
+        };
+        let candidates: Vec<u32> = self.pools[pool as usize]
+            .unmapped
+            .range((stream, 0, 0)..)
+            .take_while(|k| k.0 == stream)
+            .map(|k| k.2)
+            .collect();
+        for mut c in candidates {
+            let prev = self.blks[c as usize].prev;
+            if usable(self, prev) {
+                c = prev;
+            }
+            if room(self, c) {
+                return c;
+            }
+        }
+        let page = self.page(pool as usize);
+        let total = self.cfg.device_total.unwrap_or(1 << 40);
+        let va = (total + total / 8).div_ceil(page) * page;
+        let base = self.next_base;
+        self.next_base += va + ROUND_LARGE;
+        let seg = self.add_segment(base, va, stream, pool, true);
+        let b = self.new_blk(Blk {
+            addr: base,
+            size: va,
+            seg,
+            prev: NIL,
+            next: NIL,
+            allocated: false,
+            mapped: false,
+            gc_base: 0,
+        });
+        let k = self.ukey(b);
+        self.pools[pool as usize].unmapped.insert(k);
+        b
+    }
+
+    /// Maps the pages covering the first `size` bytes of an unmapped block.
+    fn map(&mut self, b: u32, size: u64) -> bool {
+        let pool = self.pool_of(b);
+        let page = self.page(pool);
+        let k = self.blks[b as usize].clone();
+        let base = self.segs[k.seg as usize].base;
+        let end = (k.addr - base + size).div_ceil(page) * page + base;
+        let mapped = (end - k.addr).min(k.size);
+        if !self.cfg.fraction_cap && self.cfg.capacity.is_some_and(|c| self.reserved + mapped > c) {
+            return false;
+        }
+        let uk = self.ukey(b);
+        self.pools[pool].unmapped.remove(&uk);
+        self.blks[b as usize].mapped = true;
+        if mapped < k.size {
+            let r = self.new_blk(Blk {
+                addr: k.addr + mapped,
+                size: k.size - mapped,
+                seg: k.seg,
+                prev: b,
+                next: k.next,
+                allocated: false,
+                mapped: false,
+                gc_base: 0,
+            });
+            if k.next != NIL {
+                self.blks[k.next as usize].prev = r;
+            }
+            self.blks[b as usize].next = r;
+            self.blks[b as usize].size = mapped;
+            let rk = self.ukey(r);
+            self.pools[pool].unmapped.insert(rk);
+        }
+        let (prev, next) = (self.blks[b as usize].prev, self.blks[b as usize].next);
+        self.try_merge(b, prev);
+        self.try_merge(b, next);
+        self.cache(b);
+        self.grow(mapped);
+        self.event(Action::SegmentMap, mapped);
+        true
+    }
+
+    /// Unmaps the whole pages inside a free mapped block of an expandable segment.
+    fn unmap(&mut self, b: u32) {
+        let pool = self.pool_of(b);
+        let page = self.page(pool);
+        let k = self.blks[b as usize].clone();
+        let base = self.segs[k.seg as usize].base;
+        let begin = (k.addr - base).div_ceil(page) * page + base;
+        let end = (k.addr + k.size - base) / page * page + base;
+        if begin >= end {
+            return;
+        }
+        self.uncache(b);
+        if begin > k.addr {
+            let f = self.new_blk(Blk {
+                addr: k.addr,
+                size: begin - k.addr,
+                seg: k.seg,
+                prev: k.prev,
+                next: b,
+                allocated: false,
+                mapped: true,
+                gc_base: 0,
+            });
+            if k.prev != NIL {
+                self.blks[k.prev as usize].next = f;
+            }
+            self.blks[b as usize].prev = f;
+            self.cache(f);
+        }
+        if end < k.addr + k.size {
+            let f = self.new_blk(Blk {
+                addr: end,
+                size: k.addr + k.size - end,
+                seg: k.seg,
+                prev: b,
+                next: k.next,
+                allocated: false,
+                mapped: true,
+                gc_base: 0,
+            });
+            if k.next != NIL {
+                self.blks[k.next as usize].prev = f;
+            }
+            self.blks[b as usize].next = f;
+            self.cache(f);
+        }
+        {
+            let bb = &mut self.blks[b as usize];
+            bb.addr = begin;
+            bb.size = end - begin;
+            bb.mapped = false;
+        }
+        let (prev, next) = (self.blks[b as usize].prev, self.blks[b as usize].next);
+        self.try_merge(b, prev);
+        self.try_merge(b, next);
+        let uk = self.ukey(b);
+        self.pools[pool].unmapped.insert(uk);
+        self.reserved -= end - begin;
+        self.event(Action::SegmentUnmap, end - begin);
+    }
+
+    /// Free bytes cached in segments (reserved but not allocated).
+    pub fn cached_free(&self) -> u64 {
+        self.reserved - self.allocated.min(self.reserved)
+    }
+
+    /// The largest cached free block.
+    pub fn largest_free_block(&self) -> u64 {
+        self.pools.iter().flat_map(|p| p.blocks.iter().map(|k| k.1)).max().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn alloc(c: Config) -> Allocator {
+        let mut a = Allocator::new(c);
+        a.record_events = true;
+        a
+    }
+
+    fn events(a: &Allocator) -> Vec<(Action, u64)> {
+        a.segment_events.iter().map(|e| (e.action, e.size / MIB)).collect()
+    }
+
+    #[test]
+    fn segments_are_sized_as_torch_sizes_them() {
+        let mut a = alloc(Config::default());
+        a.malloc(1000, 0, (0, 0)).unwrap(); // small pool: a 2 MiB segment
+        a.malloc(3 * MIB, 0, (0, 0)).unwrap(); // under 10 MiB: a 20 MiB segment
+        a.malloc(18 * MIB + 1, 0, (0, 0)).unwrap(); // over the 17 MiB left: its own segment, rounded up to 2 MiB
+        a.malloc(5 * MIB, 0, (0, 0)).unwrap(); // fits in the first 20 MiB segment's remainder
+        assert_eq!(events(&a), vec![(Action::SegmentAlloc, 2), (Action::SegmentAlloc, 20), (Action::SegmentAlloc, 20)]);
+        assert_eq!(a.reserved, 42 * MIB);
+        assert_eq!(a.allocated, 1024 + 3 * MIB + 18 * MIB + 512 + 5 * MIB);
+    }
+
+    #[test]
+    fn best_fit_takes_the_smallest_block_and_frees_merge() {
+        let mut a = alloc(Config::default());
+        let x = a.malloc(100 * MIB, 0, (0, 0)).unwrap();
+        let y = a.malloc(40 * MIB, 0, (0, 0)).unwrap();
+        a.free(x);
+        a.free(y);
+        // 40 MiB fits the 40 MiB segment, not the 100 MiB one.
+        let z = a.malloc(30 * MIB, 0, (0, 0)).unwrap();
+        assert_eq!(a.blks[z as usize].seg, a.blks[y as usize].seg);
+        // another stream's cached block is not used
+        a.malloc(50 * MIB, 7, (0, 0)).unwrap();
+        assert_eq!(events(&a).len(), 3);
+        assert_eq!(a.reserved, 190 * MIB);
+    }
+
+    #[test]
+    fn out_of_memory_frees_the_cache_and_retries() {
+        let mut a = alloc(Config { capacity: Some(300 * MIB), ..Default::default() });
+        let x = a.malloc(200 * MIB, 0, (0, 0)).unwrap();
+        a.free(x);
+        // 250 MiB does not fit the cached 200 MiB: the cache is released and the retry succeeds.
+        a.malloc(250 * MIB, 0, (0, 0)).unwrap();
+        assert_eq!(
+            events(&a),
+            vec![(Action::SegmentAlloc, 200), (Action::SegmentFree, 200), (Action::SegmentAlloc, 250)]
+        );
+        assert!(a.malloc(100 * MIB, 0, (0, 0)).is_none());
+    }
+
+    #[test]
+    fn max_split_size_keeps_oversized_blocks_whole() {
+        let rules = Rules { max_split_size: Some(64 * MIB), ..Default::default() };
+        let mut a = alloc(Config { rules, ..Default::default() });
+        let x = a.malloc(100 * MIB, 0, (0, 0)).unwrap();
+        a.free(x);
+        // a small request does not take the oversized cached block
+        a.malloc(30 * MIB, 0, (0, 0)).unwrap();
+        assert_eq!(a.reserved, 130 * MIB);
+        // a large one within 20 MiB of it does, unsplit
+        let y = a.malloc(90 * MIB, 0, (0, 0)).unwrap();
+        assert_eq!(a.block_size(y), 100 * MIB);
+    }
+
+    #[test]
+    fn expandable_segments_map_pages_and_reuse_holes() {
+        let rules = Rules { expandable: true, ..Default::default() };
+        let mut a =
+            alloc(Config { rules, capacity: Some(400 * MIB), device_total: Some(1 << 30), ..Default::default() });
+        let held: Vec<u32> = (0..3).map(|_| a.malloc(100 * MIB, 0, (0, 0)).unwrap()).collect();
+        assert_eq!(a.reserved, 300 * MIB);
+        a.free(held[1]);
+        // the hole is reused; the segment grows by whole 20 MiB pages
+        a.malloc(120 * MIB, 0, (0, 0)).unwrap();
+        assert_eq!(a.reserved, 320 * MIB, "{:?}", events(&a));
+        a.release_cached();
+        assert!(a.segment_events.iter().all(|e| e.action != Action::SegmentFree));
+    }
+
+    #[test]
+    fn fragmentation_that_expandable_segments_avoid() {
+        // The real capture's program: 15 segments of 256 MiB, each left holding 100 MiB, then 400 MiB, 4 GiB cap.
+        let run = |expandable: bool| {
+            let rules = Rules { expandable, ..Default::default() };
+            let cfg = Config { rules, capacity: Some(4 << 30), fraction_cap: true, ..Default::default() };
+            let mut a = alloc(cfg);
+            let big: Vec<u32> = (0..15).map(|_| a.malloc(256 * MIB, 0, (0, 0)).unwrap()).collect();
+            big.into_iter().for_each(|b| a.free(b));
+            let pairs: Vec<(u32, u32)> = (0..15)
+                .map(|_| (a.malloc(100 * MIB, 0, (0, 0)).unwrap(), a.malloc(100 * MIB, 0, (0, 0)).unwrap()))
+                .collect();
+            pairs.iter().for_each(|p| a.free(p.1));
+            (a.malloc(400 * MIB, 0, (0, 0)).is_some(), a.peak_reserved)
+        };
+        assert_eq!(run(false), (false, 15 * 256 * MIB));
+        let (fits, peak) = run(true);
+        assert!(fits);
+        assert!(peak < 4 << 30);
+    }
+}

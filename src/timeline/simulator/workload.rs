@@ -1,0 +1,211 @@
+//! The requests and frees of a device's trace, in order, as a simulation replays them: what the program asked
+//! of the allocator, separated from where torch put it.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+
+use crate::timeline::replay::{Replay, State};
+use crate::timeline::{Action, BlockState, Event, PoolKind};
+
+use super::allocator::{Allocator, Config};
+
+/// One thing the program did to the allocator.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    /// A request of `size` bytes (the caller's size); `id` names it for its free.
+    Alloc {
+        id: u32,
+        size: u64,
+        stream: u64,
+        pool: (i64, i64),
+        event: u32,
+    },
+    Free {
+        id: u32,
+        event: u32,
+    },
+    /// `torch.cuda.empty_cache()` (segments released with no request waiting for the memory).
+    EmptyCache {
+        event: u32,
+    },
+    /// Segments released just before a new one was made: either the driver refused the next request's segment
+    /// and the allocator freed its cache to retry, or the program emptied the cache. The simulation tells which
+    /// at the next request: if the cache could have served it, the program did.
+    Released {
+        event: u32,
+    },
+    /// The request that raised out-of-memory (rounded size, as the trace records it).
+    Failed {
+        size: u64,
+        stream: u64,
+        pool: (i64, i64),
+        event: u32,
+    },
+}
+
+impl Op {
+    pub fn event(&self) -> u32 {
+        match *self {
+            Op::Alloc { event, .. }
+            | Op::Free { event, .. }
+            | Op::EmptyCache { event }
+            | Op::Released { event }
+            | Op::Failed { event, .. } => event,
+        }
+    }
+}
+
+/// What a what-if does to one recorded request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Edit {
+    Keep,
+    /// The request is not made (nor its free).
+    Drop,
+    /// The request asks for this many bytes instead.
+    Resize(u64),
+}
+
+/// A block live when the trace starts: `(address, size, allocated)` per block of each segment.
+#[derive(Clone, Debug)]
+pub struct StartSegment {
+    pub addr: u64,
+    pub stream: u64,
+    pub pool: (i64, i64),
+    pub small: bool,
+    pub expandable: bool,
+    pub blocks: Vec<(u64, u64, bool)>,
+}
+
+/// The program's requests, plus the allocator's state where the trace begins.
+#[derive(Clone, Debug, Default)]
+pub struct Workload {
+    pub ops: Vec<Op>,
+    /// Requests are numbered from here (the lower ids are the blocks live at the start, in `start` order).
+    pub first_id: u32,
+    pub start: Vec<StartSegment>,
+    /// The trace begins mid-run: the start is the state rebuilt from the file, not an empty device.
+    pub rebuilt_start: bool,
+    /// Addresses the trace gave new segments, by size, in order (see [`Allocator::set_hints`]).
+    pub segment_addresses: FxHashMap<u64, VecDeque<u64>>,
+    /// Frees of blocks the workload never saw allocated (skipped).
+    pub unmatched_frees: usize,
+}
+
+impl Workload {
+    /// Reads the workload from a replayed trace, applying `edit` to each recorded request (by event index).
+    pub fn from_trace(replay: &Replay, mut edit: impl FnMut(u32, &Event) -> Edit) -> Workload {
+        let dev = replay.device();
+        let rebuilt_start = !replay.complete();
+        let start_state = if rebuilt_start { replay.state_at(None) } else { State::default() };
+        let mut w = Workload { rebuilt_start, ..Default::default() };
+        let mut live: FxHashMap<u64, u32> = FxHashMap::default();
+        let mut next_id = 0u32;
+        for seg in start_state.segments_sorted() {
+            let mut blocks = Vec::new();
+            for (addr, b) in start_state.segment_blocks(seg.addr) {
+                let held = b.state != BlockState::Inactive;
+                if held {
+                    live.insert(addr, next_id);
+                    next_id += 1;
+                }
+                blocks.push((addr, b.size, held));
+            }
+            let small = match seg.kind {
+                Some(k) => k == PoolKind::Small,
+                None => seg.size == super::allocator::SMALL_BUFFER && !seg.expandable,
+            };
+            w.start.push(StartSegment {
+                addr: seg.addr,
+                stream: seg.stream,
+                pool: seg.pool_id,
+                small,
+                expandable: seg.expandable,
+                blocks,
+            });
+        }
+        w.first_id = next_id;
+        let events = &dev.events;
+        let mut dropped: rustc_hash::FxHashSet<u64> = Default::default();
+        let mut i = 0;
+        while i < events.len() {
+            let e = &events[i];
+            let at = i as u32;
+            let attrs = dev.attrs(e);
+            match e.action {
+                Action::Alloc => match edit(at, e) {
+                    Edit::Drop => {
+                        dropped.insert(e.addr);
+                    }
+                    edit => {
+                        dropped.remove(&e.addr);
+                        let size = if let Edit::Resize(s) = edit { s } else { e.size };
+                        live.insert(e.addr, next_id);
+                        w.ops.push(Op::Alloc {
+                            id: next_id,
+                            size,
+                            stream: attrs.stream,
+                            pool: attrs.pool_id().unwrap_or((0, 0)),
+                            event: at,
+                        });
+                        next_id += 1;
+                    }
+                },
+                Action::FreeCompleted => match live.remove(&e.addr) {
+                    Some(id) => w.ops.push(Op::Free { id, event: at }),
+                    None if dropped.remove(&e.addr) => {}
+                    None => w.unmatched_frees += 1,
+                },
+                Action::SegmentAlloc => w.segment_addresses.entry(e.size).or_default().push_back(e.addr),
+                Action::SegmentFree | Action::SegmentUnmap => {
+                    // A run of releases: before a new segment, the allocator's retry or the program's empty_cache
+                    // (told apart in the simulation); before the OOM, the allocator's last resort, which the
+                    // simulation does by itself; otherwise the program's empty_cache.
+                    let mut j = i;
+                    while j < events.len() && matches!(events[j].action, Action::SegmentFree | Action::SegmentUnmap) {
+                        j += 1;
+                    }
+                    let next = events[j..].iter().find(|e| !matches!(e.action, Action::Snapshot | Action::Annotate));
+                    match next.map(|n| n.action) {
+                        Some(Action::SegmentAlloc | Action::SegmentMap) => w.ops.push(Op::Released { event: at }),
+                        Some(Action::Oom) => {}
+                        _ => w.ops.push(Op::EmptyCache { event: at }),
+                    }
+                    i = j;
+                    continue;
+                }
+                Action::Oom => w.ops.push(Op::Failed {
+                    size: e.size,
+                    stream: attrs.stream,
+                    pool: attrs.pool_id().unwrap_or((0, 0)),
+                    event: at,
+                }),
+                Action::SegmentMap | Action::FreeRequested | Action::Snapshot | Action::Annotate | Action::Unknown => {}
+            }
+            i += 1;
+        }
+        w
+    }
+
+    /// The requests in force: how many ids the workload uses.
+    pub fn ids(&self) -> usize {
+        self.ops
+            .iter()
+            .filter_map(|o| if let Op::Alloc { id, .. } = o { Some(*id as usize + 1) } else { None })
+            .max()
+            .unwrap_or(self.first_id as usize)
+            .max(self.first_id as usize)
+    }
+
+    /// An allocator holding the starting state; returns it with the block of each live start id.
+    pub fn start_allocator(&self, cfg: Config) -> (Allocator, Vec<u32>) {
+        let mut a = Allocator::new(cfg);
+        a.set_hints(self.segment_addresses.clone());
+        let mut blocks = Vec::with_capacity(self.ids());
+        for s in &self.start {
+            let pool = a.pool_for(s.pool, s.small);
+            blocks.extend(a.place_segment(s.addr, s.stream, pool, s.expandable, &s.blocks));
+        }
+        (a, blocks)
+    }
+}

@@ -1,0 +1,175 @@
+//! The allocator simulator and its what-ifs, on real captures: under the recorded settings it makes the segments
+//! torch made; under other settings it answers what the second capture of the same program shows.
+
+use oomdoc::analysis::whatif::{self, Plan};
+use oomdoc::job::{Job, JobOptions};
+use oomdoc::timeline::replay::Replay;
+
+use crate::common::{fixtures, oomdoc, root, stdout};
+
+/// Every real trace that records segment events, each input on its own (a folder with its log).
+fn real_inputs() -> Vec<String> {
+    let mut v = fixtures("fixtures/real", ".pickle");
+    let gpu = root().join("fixtures/real-gpu");
+    let mut dirs: Vec<String> = std::fs::read_dir(&gpu)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| format!("fixtures/real-gpu/{}", e.file_name().to_string_lossy()))
+        .collect();
+    dirs.sort();
+    v.extend(dirs);
+    v
+}
+
+#[test]
+fn the_simulator_makes_the_segments_torch_made_on_every_real_trace() {
+    let mut checked = 0;
+    let mut from_empty = 0;
+    for input in real_inputs() {
+        let job = Job::read(&JobOptions::new([root().join(&input)])).unwrap();
+        for tl in &job.timelines {
+            for dev in tl.devices.iter().filter(|d| !d.events.is_empty()) {
+                let replay = Replay::new(dev, tl.settings.as_ref());
+                let v = whatif::validate(tl, dev, &replay, None);
+                if v.recorded_segment_events == 0 {
+                    continue;
+                }
+                checked += 1;
+                from_empty += !v.rebuilt_start as usize;
+                assert!(
+                    v.exact,
+                    "{input} GPU {}: {} of {} segment events agree ({:?}); peak reserved {} recorded, {} simulated",
+                    dev.device,
+                    v.agreeing,
+                    v.recorded_segment_events,
+                    v.first_difference,
+                    v.recorded_peak_reserved,
+                    v.simulated_peak_reserved
+                );
+            }
+        }
+    }
+    // The real corpus: traces from an empty device and traces that start mid-run, with and without expandable
+    // segments, a memory cap, empty_cache calls and the allocator's own retries.
+    assert!(checked >= 25, "only {checked} real traces with segment events");
+    assert!(from_empty >= 10, "only {from_empty} from an empty device");
+}
+
+fn whatifs(input: &str, plan: &Plan) -> whatif::DeviceWhatIfs {
+    let job = Job::read(&JobOptions::new([root().join(input)])).unwrap();
+    let tl = &job.timelines[0];
+    let dev = &tl.devices[0];
+    let replay = Replay::new(dev, tl.settings.as_ref());
+    whatif::run_device(tl, dev, &replay, &job.checklist.categories, plan, None).unwrap()
+}
+
+fn set(kv: &str) -> Plan {
+    Plan::parse(&[kv.to_string()], &[], &[], None).unwrap()
+}
+
+#[test]
+fn expandable_segments_on_the_fragmentation_capture_avoid_its_oom_as_the_second_capture_shows() {
+    let w = whatifs("fixtures/real-gpu/fragmentation", &set("expandable_segments:True"));
+    assert_eq!(w.recorded.fits, Some(false), "as recorded it runs out");
+    let with = &w.whatif[0];
+    assert_eq!(with.fits, Some(true), "{with:?}");
+    assert!(with.exact);
+    // The same program run with expandable segments on: its recorded peak.
+    let job = Job::read(&JobOptions::new([root().join("fixtures/real-gpu/fragmentation-expandable")])).unwrap();
+    let tl = &job.timelines[0];
+    let second = Replay::new(&tl.devices[0], tl.settings.as_ref()).peak_reserved.0;
+    let err = (with.peak_reserved_bytes as f64 - second as f64).abs() / second as f64;
+    assert!(err < 0.05, "predicted {} vs recorded {second}", with.peak_reserved_bytes);
+}
+
+#[test]
+fn the_standard_knobs_flip_expandable_segments_where_they_were_on() {
+    let w = whatifs("fixtures/real-gpu/fragmentation-expandable", &Plan::default());
+    let changes: Vec<&str> = w.whatif.iter().map(|w| w.change.as_str()).collect();
+    assert!(changes.contains(&"expandable_segments:False"), "{changes:?}");
+    assert!(!changes.iter().any(|c| c.starts_with("expandable_segments:True")), "{changes:?}");
+    // No OOM and no cap in its files: the capacity is the GPU's, from nvidia-smi.
+    assert_eq!(w.capacity.bytes, Some(85_520_809_984), "{:?}", w.capacity);
+    assert_eq!(w.recorded.fits, Some(true));
+}
+
+#[test]
+fn a_leak_left_out_fits_and_a_smaller_batch_is_searched() {
+    let plan = Plan::parse(&[], &[], &["leaked_references.py:18".into()], None).unwrap();
+    let w = whatifs("fixtures/real-gpu/leaked-references", &plan);
+    assert_eq!(w.recorded.fits, Some(false));
+    let without = &w.whatif[0];
+    assert_eq!(without.fits, Some(true), "{without:?}");
+    assert!(without.headroom_bytes.unwrap() > 1 << 30, "{without:?}");
+    let plan = Plan::parse(&[], &["activation=auto".into()], &[], None).unwrap();
+    let w = whatifs("fixtures/real-gpu/leaked-references", &plan);
+    let scaled = &w.whatif[0];
+    assert_eq!(scaled.fits, Some(true), "{scaled:?}");
+    assert!(scaled.change.contains("the largest that fits"), "{}", scaled.change);
+}
+
+#[test]
+fn whatif_json_has_the_contract_fields() {
+    let out = oomdoc(&[
+        "whatif",
+        "fixtures/real-gpu/fragmentation",
+        "--set",
+        "expandable_segments:True",
+        "--format",
+        "json",
+        "--no-progress",
+    ]);
+    assert!(out.status.success(), "{}", crate::common::stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let w = &v["inputs"][0]["devices"][0]["whatif"][0];
+    assert_eq!(w["change"], "expandable_segments:True");
+    assert_eq!(w["fits"], true);
+    assert_eq!(w["exact"], true);
+    assert!(w["peak_reserved_bytes"].as_u64().unwrap() > 0);
+    assert!(w["headroom_bytes"].as_i64().unwrap() > 0);
+}
+
+#[test]
+fn whatif_refuses_what_it_cannot_model_with_a_clear_error() {
+    for (args, says) in [
+        (vec!["--set", "pinned_use_host_register:True"], "not an allocator setting the simulator models"),
+        (vec!["--set", "max_split_size_mb:10"], "more than 20"),
+        (vec!["--set", "expandable_segments"], "expected KEY:VALUE"),
+        (vec!["--scale", "activations=0.5"], "is not a category"),
+        (vec!["--drop-stack", "nowhere.py:1"], "no request in GPU 0's trace has that frame"),
+    ] {
+        let mut a = vec!["whatif", "fixtures/real-gpu/fragmentation", "--no-progress"];
+        a.extend(args);
+        let out = oomdoc(&a);
+        assert_eq!(out.status.code(), Some(2), "{a:?}");
+        assert!(crate::common::stderr(&out).contains(says), "{a:?}: {}", crate::common::stderr(&out));
+    }
+}
+
+#[test]
+fn validate_prints_one_row_per_gpu_and_the_count_exact() {
+    let out = oomdoc(&["whatif", "--validate", "fixtures/real-gpu/fragmentation", "fixtures/real/decomfl-t29.pickle"]);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(text.contains("2 of 2 GPUs exact"), "{text}");
+}
+
+#[test]
+fn the_readme_quotes_the_validation_table_as_the_command_prints_it() {
+    // The shell's glob, as the README's command line gives it.
+    let mut args: Vec<String> = ["whatif", "--validate", "--no-progress", "-f", "markdown"].map(String::from).to_vec();
+    args.extend(fixtures("fixtures/real", ".pickle"));
+    let mut dirs: Vec<String> =
+        real_inputs().into_iter().filter(|i| i.starts_with("fixtures/real-gpu/")).map(|d| d + "/").collect();
+    dirs.sort();
+    args.extend(dirs);
+    let out = oomdoc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success());
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    assert!(
+        readme.contains(&stdout(&out)),
+        "README.md's simulator table is not what the command prints:\n{}",
+        stdout(&out)
+    );
+}
