@@ -69,6 +69,29 @@ fn main() {
     println!("{path}: {} trace entries, {} requests and frees", dev.events.len(), w.ops.len());
     println!("  analysis (the whole report)      {}", ms(analysis));
     println!("  workload from the trace          {}", ms(workload));
+    // The verdict's automatic what-ifs at an OOM, at their most: expandable segments refuted then max_split_size,
+    // and a leak left out then a smaller batch, on two cores (capacity: the recorded peak, so the chains run long).
+    let cats = oomdoc::analysis::categories::Categorizer::builtin();
+    let cap_at_peak = whatif::Capacity { bytes: Some(replay.peak_reserved.0), ..cap.clone() };
+    let leak: Vec<_> =
+        dev.events.iter().filter(|e| e.action == oomdoc::timeline::Action::Alloc).map(|e| e.stack).take(3).collect();
+    let automatic = median(
+        (0..rounds)
+            .map(|_| {
+                let mut cache = oomdoc::analysis::categories::CategoryCache::new(&cats, tl);
+                let t = Instant::now();
+                let w = whatif::remedies(tl, dev, &replay, &cap_at_peak, Some("activation"), &leak, &mut cache);
+                let d = t.elapsed();
+                assert!(!w.is_empty());
+                d
+            })
+            .collect(),
+    );
+    println!(
+        "  the verdict's automatic what-ifs {} ({:.2}× the analysis)",
+        ms(automatic),
+        automatic.as_secs_f64() / analysis.as_secs_f64()
+    );
     for (name, cfg) in [("as recorded", base), ("expandable flipped", expandable), ("max_split_size_mb:512", split)] {
         let sim = median(
             (0..rounds)

@@ -99,6 +99,7 @@ pub(super) fn analyze_device<'t>(
         }
     }
     report.holder = verdict::holder(tl, &report, &state, &attribution);
+    report.whatif = super::whatif::at_oom(tl, dev, &replay, &report, &report.facts, &mut cache, opts);
     if opts.chart_categories {
         if let Some(c) = report.chart.as_mut() {
             chart::split_by_category(c, tl, &replay, &mut cache);
@@ -163,6 +164,7 @@ fn device_report(
         unmatched: false,
         verdict: None,
         holder: None,
+        whatif: Vec::new(),
         notes,
         chart: chart::of(replay, &dev.events),
         segment_map: chart::segment_map(&state),

@@ -95,11 +95,21 @@ fn fmt_num(n: f64) -> String {
 #[derive(Clone, Debug, Default)]
 pub struct Facts {
     map: BTreeMap<String, Fact>,
+    /// The stacks whose live allocations accumulate (the leak), most growth first: what a what-if leaves out.
+    pub leak_stacks: Vec<StackId>,
 }
 
 impl Facts {
     pub fn get(&self, name: &str) -> Option<&Fact> {
         self.map.get(name)
+    }
+
+    /// A numeric fact's value (bytes, counts, ratios); `None` when missing or not a number.
+    pub fn number(&self, name: &str) -> Option<f64> {
+        match self.map.get(name).map(|f| &f.value) {
+            Some(Val::Num(n)) if n.is_finite() => Some(*n),
+            _ => None,
+        }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Fact)> {
@@ -748,6 +758,7 @@ fn leak_facts(f: &mut Facts, cx: &Ctx, leaks: LeakPass) {
     f.flag("leak.per_iteration", per_iteration, "intervals are iterations of the program's loop");
     f.text("leak.where", user_chain(cx.tl, acc[0].stack, 4), "the stack that accumulates the most");
     let stacks: Vec<StackId> = acc.iter().map(|a| a.stack).collect();
+    f.leak_stacks = stacks.clone();
     f.text("leak.sites", super::stacks::sites(cx.tl, &stacks, 4), "the lines that allocated what accumulates");
     let caller = super::stacks::common_caller(cx.tl, &stacks).unwrap_or_else(|| culprit(cx.tl, acc[0].stack));
     f.text("leak.caller", caller, "the innermost line of your code all accumulating allocations were made under");

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{attribution, chart, facts, job_view, observed, prediction, profile, serving, verdict};
+use super::{attribution, chart, facts, job_view, observed, prediction, profile, serving, verdict, whatif};
 use crate::timeline::stacks::StackId;
 use crate::timeline::{AllocatorSettings, CaptureInfo, InputInfo};
 
@@ -210,6 +210,10 @@ pub struct DeviceReport {
     /// What holds the most memory at the moment: the largest category and where it was allocated.
     #[serde(skip)]
     pub holder: Option<verdict::Holder>,
+    /// At an OOM: the run replayed through the allocator model with the standard remedies, each answering
+    /// whether the OOM (and every later request) would have been avoided.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub whatif: Vec<whatif::WhatIf>,
     pub notes: Vec<String>,
     /// Allocated and reserved over the trace, reduced for a picture (the HTML report); not in the JSON.
     #[serde(skip)]

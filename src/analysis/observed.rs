@@ -216,6 +216,7 @@ pub fn text_only_report(tl: &Timeline, device: i64, snapshot_gpus: &[i64]) -> De
         unmatched,
         verdict: None,
         holder: None,
+        whatif: Vec::new(),
         notes,
         chart: None,
         segment_map: None,

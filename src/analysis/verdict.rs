@@ -96,6 +96,9 @@ pub struct Verdict {
     /// Without allocator data, what the line that raised it was likely doing (from the traceback).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub likely: Option<Likely>,
+    /// At an OOM: the remedies replayed on this trace through the allocator model, proven or refuted, in words.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub proven: Vec<String>,
 }
 
 /// The largest category of live memory at the moment and the lines that allocated most of it.
@@ -203,9 +206,16 @@ pub fn attach(a: &mut Analysis, yields_to: &dyn Fn(&str) -> Vec<String>) {
             .map(|f| Cause { rule: f.rule.clone(), severity: f.severity, bytes: f.bytes, title: f.title.clone() })
             .collect();
         causes.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(y.severity.cmp(&x.severity)));
+        let (proven, refuted_fix) = proofs(d, primary.map(|i| &*mine[i]));
+        if let (Some(i), Some(fix)) = (primary, refuted_fix) {
+            // A remedy the simulation refutes is not offered as the fix.
+            mine[i].fix = fix;
+        }
         let primary = primary.map(|i| &*mine[i]);
         let other_ran_out = ran_out.filter(|_| d.oom.is_none());
-        d.verdict = Some(verdict(d, primary, causes, other_ran_out));
+        let mut v = verdict(d, primary, causes, other_ran_out);
+        v.proven = proven;
+        d.verdict = Some(v);
     }
     let order: Vec<i64> = a.devices.iter().map(|d| d.device).collect();
     super::sort_findings(&mut a.findings, &order);
@@ -430,7 +440,164 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
         remedies,
         decided_by,
         likely,
+        proven: Vec::new(),
     }
+}
+
+/// What the allocator model says of the standard remedies at this OOM, for the verdict: the lines that prove or
+/// refute them on the user's own trace, and the primary finding's fix where the simulation refutes it.
+fn proofs(d: &DeviceReport, primary: Option<&Finding>) -> (Vec<String>, Option<String>) {
+    use super::whatif::Knob;
+    if d.whatif.is_empty() || d.oom.is_none() {
+        return (Vec::new(), None);
+    }
+    let find = |k: &dyn Fn(Knob) -> bool| d.whatif.iter().find(|w| w.knob.is_some_and(k));
+    let approx = if d.whatif[0].exact { "" } else { " (approximately: the trace starts mid-run)" };
+    let outcome = |w: &super::whatif::WhatIf| match (w.fits, w.headroom_bytes) {
+        (Some(true), Some(h)) => format!(
+            "it peaks at {} reserved, {} under the {} it could use",
+            bytes(w.peak_reserved_bytes),
+            bytes(h.max(0) as u64),
+            bytes((w.peak_reserved_bytes as i64 + h).max(0) as u64)
+        ),
+        _ => match w.first_failure {
+            Some((_, size)) => format!("a {} request still finds no room", bytes(size)),
+            None => "it still runs out".into(),
+        },
+    };
+    let fits = |w: &super::whatif::WhatIf| w.fits == Some(true);
+    let refuted = |w: &super::whatif::WhatIf| w.fits == Some(false);
+    // Where the cap is not in the files, a change that fits only under a larger cap is neither proven nor refuted.
+    let undecided = |w: &super::whatif::WhatIf| {
+        w.undecided_above.map(|l| {
+            format!(
+                "undecided on this trace: with {} it fits only if the process may hold more than {} (its cap is not \
+                 in the files: the OOM message or --memory-cap gives it)",
+                w.change,
+                bytes(l)
+            )
+        })
+    };
+    let rule = primary.map(|f| f.rule.as_str());
+    let mut lines = Vec::new();
+    let mut fix = None;
+    let expandable = find(&|k| k == Knob::ExpandableSegments);
+    let split = find(&|k| matches!(k, Knob::MaxSplitSize(_)));
+    let grows = matches!(rule, Some("leaked-references" | "unbounded-kv-growth"));
+    if grows {
+        if let Some(w) = find(&|k| k == Knob::NoLeak).filter(|w| fits(w)) {
+            lines.push(format!(
+                "proven on this trace{approx}: without the allocations that accumulate, {} — fixing the leak avoids \
+                 this OOM",
+                outcome(w)
+            ));
+        }
+        let per = d.facts.number("leak.growth_per_interval_bytes");
+        let iterations = d.facts.number("leak.intervals");
+        let per_iteration =
+            matches!(d.facts.get("leak.per_iteration").map(|f| &f.value), Some(super::facts::Val::Bool(true)));
+        if let Some(w) = d.whatif.iter().rfind(|w| matches!(w.knob, Some(Knob::Scale(_, _)))) {
+            let Some(Knob::Scale(c, f)) = w.knob else { unreachable!() };
+            lines.push(match (fits(w), per) {
+                (true, Some(per)) if rule == Some("leaked-references") => format!(
+                    "refuted as the fix{approx}: with {} ×{f} (a smaller batch) the {} recorded fit, but what \
+                     accumulates still grows by about {} per {} — it runs out later, not never",
+                    category_words(c, ""),
+                    match (iterations, per_iteration) {
+                        (Some(n), true) => format!("{n:.0} iterations"),
+                        (Some(n), false) => format!("{n:.0} intervals"),
+                        (None, _) => "iterations".into(),
+                    },
+                    bytes((per * f) as u64),
+                    if per_iteration { "iteration" } else { "interval" }
+                ),
+                (true, _) => format!(
+                    "refuted as the fix{approx}: with {} ×{f} the recorded run fits ({}), but what grows keeps \
+                     growing — it runs out later, not never",
+                    category_words(c, ""),
+                    outcome(w)
+                ),
+                (false, _) if refuted(w) => format!(
+                    "refuted on this trace{approx}: with {} ×{f} (a smaller batch) {}",
+                    category_words(c, ""),
+                    outcome(w)
+                ),
+                (false, _) => undecided(w).unwrap_or_default(),
+            });
+            lines.retain(|l| !l.is_empty());
+        }
+        return (lines, None);
+    }
+    let fragmented = rule == Some("fragmentation")
+        || message_decider(d) == Some(Decider::Fragmentation)
+        || primary.is_none()
+            && d.reserved_unallocated_bytes > d.oom.as_ref().and_then(|o| o.requested_bytes).unwrap_or(u64::MAX);
+    if let Some(w) = expandable {
+        if fits(w) {
+            lines.push(format!(
+                "proven on this trace{approx}: with expandable_segments:True {} — it would have avoided this OOM",
+                outcome(w)
+            ));
+        } else if let Some(line) = undecided(w) {
+            lines.push(line);
+        } else if fragmented {
+            let alt = split.filter(|s| fits(s));
+            lines.push(format!("refuted on this trace{approx}: with expandable_segments:True {}", outcome(w)));
+            if let Some(s) = alt {
+                lines.push(format!("proven on this trace{approx}: with {} {}", s.change, outcome(s)));
+            }
+            if rule == Some("fragmentation") {
+                fix = Some(match alt {
+                    Some(s) => format!(
+                        "Set PYTORCH_CUDA_ALLOC_CONF={}: replayed on this trace it avoids the OOM ({}). Expandable \
+                         segments do not: replayed with them, {}.",
+                        s.change,
+                        outcome(s),
+                        outcome(w)
+                    ),
+                    None => format!(
+                        "Replayed on this trace, neither expandable segments nor max_split_size_mb avoid this OOM \
+                         ({} with expandable_segments:True): free memory instead — what fills the GPU is listed \
+                         above.",
+                        outcome(w)
+                    ),
+                });
+            }
+        } else if let Some(s) = split.filter(|s| fits(s)) {
+            lines.push(format!("proven on this trace{approx}: with {} {}", s.change, outcome(s)));
+        }
+    }
+    let scaled: Vec<&super::whatif::WhatIf> =
+        d.whatif.iter().filter(|w| matches!(w.knob, Some(Knob::Scale(_, _)))).collect();
+    if let Some(w) = scaled.iter().find(|w| fits(w)) {
+        let Some(Knob::Scale(c, f)) = w.knob else { unreachable!() };
+        lines.push(format!(
+            "proven on this trace{approx}: with {} ×{f} ({}) {}",
+            category_words(c, ""),
+            if c == "kv_cache" { "a smaller cache or batch" } else { "a smaller batch" },
+            outcome(w)
+        ));
+    } else if let Some(w) = scaled.last() {
+        let Some(Knob::Scale(c, f)) = w.knob else { unreachable!() };
+        match undecided(w) {
+            Some(line) => lines.push(line),
+            None => {
+                lines.push(format!("refuted on this trace{approx}: with {} ×{f} {}", category_words(c, ""), outcome(w)))
+            }
+        }
+    }
+    if let Some(w) = find(&|k| k == Knob::EightBitOptimizer) {
+        if let Some(line) = undecided(w) {
+            lines.push(line);
+            return (lines, fix);
+        }
+        lines.push(format!(
+            "{} on this trace{approx}: with an 8-bit optimizer (its state at a quarter) {}",
+            if fits(w) { "proven" } else { "refuted" },
+            outcome(w)
+        ));
+    }
+    (lines, fix)
 }
 
 /// Up to this much outside PyTorch is the CUDA context, its libraries and the driver by themselves (0.7–1.4 GiB

@@ -20,6 +20,10 @@ pub struct Capacity {
     /// Memory on the device outside PyTorch's cache, when known (what a GPU of another size also loses).
     #[serde(skip)]
     pub outside: Option<u64>,
+    /// Where the figure is only a lower bound (a cap the files do not state): below this, as the failed request
+    /// shows. A what-if that fits only between the two is undecided, not refuted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_most: Option<u64>,
 }
 
 /// The capacity the run had: a memory cap (given or from the OOM message), else what the OOM says the device had
@@ -35,7 +39,7 @@ pub fn capacity(
     let outside = msg.and_then(|m| m.non_pytorch_bytes);
     if let Some(cap) = memory_cap.or(msg.and_then(|m| m.allowed_bytes)) {
         let source = if memory_cap.is_some() { "the memory cap given" } else { "the memory cap in the OOM message" };
-        return Capacity { bytes: Some(cap), fraction_cap: true, source: source.into(), outside };
+        return Capacity { bytes: Some(cap), fraction_cap: true, source: source.into(), outside, at_most: None };
     }
     let oom = dev.events.iter().enumerate().rev().find(|(_, e)| e.action == Action::Oom);
     if let Some((i, e)) = oom {
@@ -46,11 +50,13 @@ pub fn capacity(
             if wanted <= free && !rules.expandable {
                 // The driver had room for the segment: something capped the process below the device.
                 // Every segment made before fitted under it: at least the most PyTorch ever held.
+                let least = reserved.max(replay.peak_reserved.0);
                 return Capacity {
-                    bytes: Some(reserved.max(replay.peak_reserved.0)),
+                    bytes: Some(least),
                     fraction_cap: true,
-                    source: "a cap below the device's free memory: taken as the most PyTorch held".into(),
+                    source: "a cap below the device's free memory: at least the most PyTorch held".into(),
                     outside,
+                    at_most: Some((reserved + wanted - 1).max(least)),
                 };
             }
             return Capacity {
@@ -58,6 +64,7 @@ pub fn capacity(
                 fraction_cap: false,
                 source: "PyTorch's reserved bytes plus the driver's free bytes at the OOM".into(),
                 outside,
+                at_most: None,
             };
         }
     }
@@ -68,6 +75,7 @@ pub fn capacity(
                 fraction_cap: false,
                 source: "the OOM message's total less the memory outside PyTorch".into(),
                 outside,
+                at_most: None,
             };
         }
     }
@@ -77,6 +85,7 @@ pub fn capacity(
             fraction_cap: false,
             source: "--gpu-memory (memory outside PyTorch unknown)".into(),
             outside,
+            at_most: None,
         };
     }
     if let Some(total) = dev.memory_samples.iter().filter_map(|s| s.total).max() {
@@ -86,9 +95,16 @@ pub fn capacity(
             source: "the GPU's memory as nvidia-smi gives it; memory outside PyTorch unknown, a cap would not show"
                 .into(),
             outside,
+            at_most: None,
         };
     }
-    Capacity { bytes: None, fraction_cap: false, source: "unknown: no OOM, no cap, no --gpu-memory".into(), outside }
+    Capacity {
+        bytes: None,
+        fraction_cap: false,
+        source: "unknown: no OOM, no cap, no --gpu-memory".into(),
+        outside,
+        at_most: None,
+    }
 }
 
 /// The allocator settings the file recorded, and the capacity.
@@ -185,9 +201,39 @@ pub struct WhatIf {
     /// The first request that did not fit: (trace event, bytes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_failure: Option<(u32, u64)>,
+    /// Undecided: it fits only if the process could hold more than this (the cap is not in the files).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub undecided_above: Option<u64>,
+    /// Which remedy it tries, for the verdict's wording (the automatic ones).
+    #[serde(skip)]
+    pub knob: Option<Knob>,
+}
+
+/// A standard remedy the verdict tries by itself at an OOM.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Knob {
+    ExpandableSegments,
+    MaxSplitSize(u64),
+    /// A category's requests scaled: a smaller batch (activations, temporaries), a smaller cache (KV).
+    Scale(&'static str, f64),
+    /// The leak's allocations left out.
+    NoLeak,
+    /// Optimizer state at a quarter (an 8-bit optimizer: 2 bytes per parameter instead of 8).
+    EightBitOptimizer,
 }
 
 impl WhatIf {
+    /// Where the capacity is only known to lie between two figures and the change fits at the top of that range
+    /// but not at the bottom, it is undecided: neither proven nor refuted.
+    pub fn settle(&mut self, cap: &Capacity, rerun: impl FnOnce(u64) -> Outcome) {
+        let (Some(least), Some(most)) = (cap.bytes, cap.at_most) else { return };
+        if self.fits == Some(false) && most > least && rerun(most).fits() {
+            self.fits = None;
+            self.headroom_bytes = None;
+            self.undecided_above = Some(least);
+        }
+    }
+
     pub fn of(change: impl Into<String>, out: &Outcome, cfg: &Config, exact: bool) -> WhatIf {
         WhatIf {
             change: change.into(),
@@ -196,6 +242,8 @@ impl WhatIf {
             headroom_bytes: cfg.capacity.map(|c| c as i64 - out.peak_reserved as i64),
             exact,
             first_failure: out.first_failure,
+            undecided_above: None,
+            knob: None,
         }
     }
 }
@@ -418,6 +466,16 @@ pub fn run_device(
     let mut whatif = Vec::new();
     if plan.is_empty() {
         whatif = standard(&plain, &base, exact);
+        for w in whatif.iter_mut() {
+            // The standard knobs are settings: rerun the one change at the capacity's top.
+            let mut cfg = base.clone();
+            for part in w.change.split(' ').next().into_iter() {
+                if let Some((k, v)) = part.split_once(':') {
+                    let _ = apply_setting(&mut cfg, k, v);
+                }
+            }
+            w.settle(&cap, |most| simulator::simulate(&plain, Config { capacity: Some(most), ..cfg }, false));
+        }
     } else {
         let mut cfg = base.clone();
         for (k, v) in &plan.settings {
@@ -492,7 +550,23 @@ pub fn run_device(
             let found = out.fits().then_some(lo);
             whatif.push(WhatIf::of(plan.words(found), &out, &cfg, exact));
         } else {
-            whatif.push(WhatIf::of(plan.words(None), &run(None), &cfg, exact));
+            let mut w = WhatIf::of(plan.words(None), &run(None), &cfg, exact);
+            w.settle(&cap, |most| {
+                let mut cfg = cfg.clone();
+                cfg.capacity = Some(most);
+                let wl = workload(replay, |_, e| {
+                    if dropped.get(&e.stack).copied().unwrap_or(false) {
+                        return Edit::Drop;
+                    }
+                    let c = category.get(&e.stack).copied().unwrap_or("unknown");
+                    match plan.scales.iter().find(|(n, _)| n == c) {
+                        Some((_, Scale::By(f))) => Edit::Resize((e.size as f64 * f).round() as u64),
+                        _ => Edit::Keep,
+                    }
+                });
+                simulator::simulate(&wl, cfg, false)
+            });
+            whatif.push(w);
         }
     }
     Ok(DeviceWhatIfs { device: dev.device, capacity: cap, recorded, whatif, approximate })
@@ -527,12 +601,168 @@ fn standard(w: &Workload, base: &Config, exact: bool) -> Vec<WhatIf> {
     let mut cfg = base.clone();
     cfg.rules.divisions = parse_divisions("4").unwrap_or_default();
     out.push(try_with("roundup_power2_divisions:4".into(), cfg));
-    if base.fraction_cap && base.gc_threshold.is_none() {
+    if base.fraction_cap && base.gc_threshold.is_none_or(|t| t <= 0.0) {
         let mut cfg = base.clone();
         cfg.gc_threshold = Some(0.8);
         out.push(try_with("garbage_collection_threshold:0.8".into(), cfg));
     }
     out
+}
+
+/// The remedies the verdict may quote, tried on the trace at an OOM: expandable segments (where they were off) and
+/// `max_split_size_mb`, the holder's category scaled down (a smaller batch or cache), the leak left out, an 8-bit
+/// optimizer. Only those that apply to what the trace holds; run on two cores.
+pub fn at_oom(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    replay: &Replay,
+    report: &super::DeviceReport,
+    facts: &super::facts::Facts,
+    cats: &mut super::categories::CategoryCache,
+    opts: &super::Options,
+) -> Vec<WhatIf> {
+    if dev.events.is_empty() || report.oom.is_none() {
+        return Vec::new();
+    }
+    let cap = capacity(tl, dev, replay, opts.memory_cap, opts.gpu_memory);
+    if cap.bytes.is_none() {
+        return Vec::new();
+    }
+    remedies(tl, dev, replay, &cap, report.holder.as_ref().map(|h| h.category), &facts.leak_stacks, cats)
+}
+
+/// The remedies tried for a GPU whose memory is held mostly by `holder`, with `leak` the stacks that accumulate
+/// (see [`at_oom`]); public for the benchmark.
+pub fn remedies(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    replay: &Replay,
+    cap: &Capacity,
+    holder: Option<&'static str>,
+    leak: &[crate::timeline::stacks::StackId],
+    cats: &mut super::categories::CategoryCache,
+) -> Vec<WhatIf> {
+    let base = recorded_config(tl, replay, cap);
+    // Each requesting stack's category (a few thousand stacks for a million events), by stack id.
+    let mut cat_of: Vec<u8> = vec![u8::MAX; tl.stacks.stack_count()];
+    let mut has = [false; super::categories::CATEGORIES.len()];
+    for e in dev.events.iter().filter(|e| e.action == Action::Alloc) {
+        let Some(slot) = cat_of.get_mut(e.stack as usize) else { continue };
+        if *slot == u8::MAX {
+            let c = cats.of(e.stack);
+            *slot = super::categories::CATEGORIES.iter().position(|&k| k == c).unwrap_or(0) as u8;
+        }
+        has[*slot as usize] = true;
+    }
+    let index = |c: &str| super::categories::CATEGORIES.iter().position(|&k| k == c);
+    let is = |stack: crate::timeline::stacks::StackId, c: usize| cat_of.get(stack as usize) == Some(&(c as u8));
+    let scalable =
+        holder.filter(|c| ["activation", "temporary", "kv_cache"].contains(c)).and_then(index).filter(|&i| has[i]);
+    let leak: rustc_hash::FxHashSet<_> = leak.iter().copied().collect();
+    let plain = workload(replay, |_, _| Edit::Keep);
+    let exact = !plain.rebuilt_start;
+    let sim = |knob: Knob, capacity: Option<u64>| -> (Outcome, Config) {
+        let mut cfg = base.clone();
+        cfg.capacity = capacity;
+        let out = match knob {
+            Knob::ExpandableSegments => {
+                cfg.rules.expandable = true;
+                simulator::simulate(&plain, cfg.clone(), false)
+            }
+            Knob::MaxSplitSize(mb) => {
+                cfg.rules.max_split_size = Some(mb << 20);
+                simulator::simulate(&plain, cfg.clone(), false)
+            }
+            Knob::Scale(c, f) => {
+                let c = index(c).unwrap_or(usize::MAX);
+                simulator::simulate_with(&plain, cfg.clone(), false, |stack, size| {
+                    if is(stack, c) {
+                        Edit::Resize((size as f64 * f).round() as u64)
+                    } else {
+                        Edit::Keep
+                    }
+                })
+            }
+            Knob::NoLeak => simulator::simulate_with(&plain, cfg.clone(), false, |stack, _| {
+                if leak.contains(&stack) {
+                    Edit::Drop
+                } else {
+                    Edit::Keep
+                }
+            }),
+            Knob::EightBitOptimizer => {
+                let c = index("optimizer_state").unwrap_or(usize::MAX);
+                simulator::simulate_with(&plain, cfg.clone(), false, |stack, size| {
+                    if is(stack, c) {
+                        Edit::Resize(size / 4)
+                    } else {
+                        Edit::Keep
+                    }
+                })
+            }
+        };
+        (out, cfg)
+    };
+    let run = |knob: Knob| -> WhatIf {
+        let (out, cfg) = sim(knob, base.capacity);
+        let mut wi = WhatIf::of(knob.words(), &out, &cfg, exact);
+        wi.settle(cap, |most| sim(knob, Some(most)).0);
+        wi.knob = Some(knob);
+        wi
+    };
+    let fits = |w: &WhatIf| w.fits == Some(true);
+    // Two chains, one per core, each trying the next remedy only where the last did not answer: the allocator's
+    // settings, and the workload (the leak, a smaller batch or cache, an 8-bit optimizer).
+    let settings = || {
+        let mut out = Vec::new();
+        if !base.rules.expandable {
+            let w = run(Knob::ExpandableSegments);
+            let refuted = !fits(&w);
+            out.push(w);
+            if refuted && base.rules.max_split_size.is_none() {
+                out.push(run(Knob::MaxSplitSize(512)));
+            }
+        }
+        out
+    };
+    let work = || {
+        let mut out = Vec::new();
+        let scale = scalable.map(|i| super::categories::CATEGORIES[i]);
+        if !leak.is_empty() {
+            out.push(run(Knob::NoLeak));
+            out.extend(scale.map(|c| run(Knob::Scale(c, 0.5))));
+        } else if let Some(c) = scale {
+            let w = run(Knob::Scale(c, 0.75));
+            let refuted = !fits(&w);
+            out.push(w);
+            if refuted {
+                out.push(run(Knob::Scale(c, 0.5)));
+            }
+        }
+        if holder == Some("optimizer_state") {
+            out.push(run(Knob::EightBitOptimizer));
+        }
+        out
+    };
+    std::thread::scope(|s| {
+        let theirs = crate::threads::beside(s, work);
+        let mut v = settings();
+        v.extend(theirs());
+        v
+    })
+}
+
+impl Knob {
+    /// As `oomdoc whatif` would be asked for it.
+    pub fn words(self) -> String {
+        match self {
+            Knob::ExpandableSegments => "expandable_segments:True".into(),
+            Knob::MaxSplitSize(mb) => format!("max_split_size_mb:{mb}"),
+            Knob::Scale(c, f) => format!("{c}×{f}"),
+            Knob::NoLeak => "without the leak".into(),
+            Knob::EightBitOptimizer => "optimizer_state×0.25".into(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,9 @@ pub struct InputValidation {
 }
 
 fn answer(w: &WhatIf) -> String {
+    if let Some(l) = w.undecided_above {
+        return format!("undecided: fits only with a cap above {} (give --memory-cap)", bytes(l));
+    }
     match (w.fits, w.headroom_bytes) {
         (Some(true), Some(h)) => format!("fits, {} to spare", bytes(h.max(0) as u64)),
         (Some(false), Some(h)) if h < 0 => format!("does not fit: {} over", bytes(h.unsigned_abs())),
@@ -37,7 +40,12 @@ pub fn whatif_text(inputs: &[InputWhatIfs]) -> String {
         for d in &i.devices {
             s += &format!("{} — GPU {}\n", i.input, d.device);
             match d.capacity.bytes {
-                Some(c) => s += &format!("  capacity {} ({})\n", bytes(c), d.capacity.source),
+                Some(c) => match d.capacity.at_most {
+                    Some(m) if m > c => {
+                        s += &format!("  capacity {} to {} ({})\n", bytes(c), bytes(m), d.capacity.source)
+                    }
+                    _ => s += &format!("  capacity {} ({})\n", bytes(c), d.capacity.source),
+                },
                 None => s += &format!("  capacity {}\n", d.capacity.source),
             }
             let width = d.whatif.iter().map(|w| w.change.chars().count()).chain([11]).max().unwrap_or(11) + 2;

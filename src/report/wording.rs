@@ -509,6 +509,7 @@ pub fn verdict_detail(d: &DeviceReport) -> Vec<String> {
             .collect();
         out.push(format!("causes, by the memory they explain: {}", parts.join(" · ")));
     }
+    out.extend(v.proven.iter().cloned());
     if let Some(h) = &v.holder {
         for r in v.remedies.iter().skip(1) {
             out.push(format!("also for {}: {r}", crate::analysis::verdict::category_words(h.category, &h.stack)));

@@ -173,3 +173,76 @@ fn the_readme_quotes_the_validation_table_as_the_command_prints_it() {
         stdout(&out)
     );
 }
+
+fn verdict_of(input: &str) -> serde_json::Value {
+    let v = crate::common::analyze_json(&[input]);
+    v["devices"].as_array().unwrap().iter().find(|d| d["oom"].is_object()).cloned().expect("a GPU that ran out")
+}
+
+fn proven(d: &serde_json::Value) -> Vec<String> {
+    d["verdict"]["proven"]
+        .as_array()
+        .map_or(Vec::new(), |a| a.iter().map(|l| l.as_str().unwrap().to_string()).collect())
+}
+
+#[test]
+fn the_verdict_proves_expandable_segments_on_the_real_fragmentation_oom() {
+    let d = verdict_of("fixtures/real-gpu/fragmentation");
+    assert_eq!(d["verdict"]["primary_rule"], "fragmentation");
+    let lines = proven(&d);
+    assert!(
+        lines.iter().any(|l| l.starts_with("proven on this trace: with expandable_segments:True")
+            && l.ends_with("it would have avoided this OOM")),
+        "{lines:?}"
+    );
+    let w = d["whatif"].as_array().unwrap();
+    assert!(w.iter().any(|w| w["change"] == "expandable_segments:True" && w["fits"] == true), "{w:?}");
+}
+
+#[test]
+fn the_verdict_proves_the_leak_fix_and_refutes_a_smaller_batch_on_the_real_leaks() {
+    for input in ["fixtures/real-gpu/leaked-references", "fixtures/real-gpu/one-line", "fixtures/real-gpu/oomdoc-run"] {
+        let d = verdict_of(input);
+        assert_eq!(d["verdict"]["primary_rule"], "leaked-references", "{input}");
+        let lines = proven(&d);
+        assert!(lines.iter().any(|l| l.contains("fixing the leak avoids this OOM")), "{input}: {lines:?}");
+        // A smaller batch fits the recorded iterations but the leak keeps growing: refuted as the fix.
+        assert!(
+            lines.iter().any(|l| l.starts_with("refuted as the fix") && l.contains("runs out later, not never")),
+            "{input}: {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn the_verdict_proves_its_remedies_on_the_generated_classes() {
+    for (input, says) in [
+        ("fixtures/generated/rules/fragmentation-fire.pickle", "with expandable_segments:True"),
+        ("fixtures/generated/verdict/class2-fragmentation-alone.pickle", "with expandable_segments:True"),
+        ("fixtures/generated/verdict/class2-eval-without-no-grad.pickle", "fixing the leak avoids this OOM"),
+        (
+            "fixtures/generated/verdict/class4-attention-25gib-request.pickle",
+            "with activations ×0.75 (a smaller batch)",
+        ),
+        ("fixtures/generated/shapes/v2.14-labels.pickle", "with activations ×0.75 (a smaller batch)"),
+    ] {
+        let lines = proven(&verdict_of(input));
+        assert!(lines.iter().any(|l| l.starts_with("proven on this trace") && l.contains(says)), "{input}: {lines:?}");
+    }
+    // A growing KV cache: halving it fits the recorded run, but it keeps growing.
+    let lines = proven(&verdict_of("fixtures/generated/rules/unbounded-kv-growth-fire-oom.pickle"));
+    assert!(lines.iter().any(|l| l.starts_with("refuted as the fix") && l.contains("KV cache ×0.")), "{lines:?}");
+}
+
+#[test]
+fn where_expandable_segments_were_on_the_verdict_does_not_recommend_them() {
+    for input in
+        ["fixtures/generated/shapes/v2.8-expandable-oom.pickle", "fixtures/generated/growth/kv-expandable-0.pickle"]
+    {
+        let v = crate::common::analyze_json(&[input]);
+        assert_eq!(v["allocator_settings"]["expandable_segments"], true, "{input}");
+        let said =
+            serde_json::to_string(&(&v["findings"], &v["devices"][0]["verdict"], &v["devices"][0]["whatif"])).unwrap();
+        assert!(!said.contains("expandable_segments:True"), "{input}: {said}");
+    }
+}

@@ -10,7 +10,7 @@
 //! only then is it out of memory. Expandable segments map 2 MiB (small) or 20 MiB (large) pages at the end of one
 //! reserved range per stream and pool, and unmap whole free pages when the cache is emptied.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
@@ -91,14 +91,35 @@ struct Seg {
 }
 
 /// One pool: a `(private pool id, small or large)` pair. Free blocks are ordered as torch orders them: by stream,
-/// then size, then address; an expandable segment's unmapped ranges by stream, then address.
+/// then size, then address; an expandable segment's unmapped ranges by stream, then address. Each key is packed in
+/// one `u128` (stream rank, size, address), which a tree compares in one step where a tuple takes four: the
+/// simulation is mostly these trees.
 #[derive(Clone, Debug)]
 struct Pool {
     small: bool,
     private: bool,
-    blocks: BTreeSet<(u64, u64, u64, u32)>,
-    unmapped: BTreeSet<(u64, u64, u32)>,
+    blocks: BTreeMap<u128, u32>,
+    unmapped: BTreeMap<u128, u32>,
     free_calls: u64,
+}
+
+/// A free block's key: (stream rank, size, address). Streams are ranks (the workload numbers them in the order of
+/// their handles), sizes under 2^48.
+fn pack(stream: u64, size: u64, addr: u64) -> u128 {
+    ((stream as u128) << 112) | ((size as u128) << 64) | addr as u128
+}
+
+fn key_stream(k: u128) -> u64 {
+    (k >> 112) as u64
+}
+
+fn key_size(k: u128) -> u64 {
+    ((k >> 64) as u64) & ((1 << 48) - 1)
+}
+
+/// An unmapped range's key: (stream rank, address).
+fn upack(stream: u64, addr: u64) -> u128 {
+    ((stream as u128) << 64) | addr as u128
 }
 
 /// The allocator's state and counters.
@@ -110,12 +131,16 @@ pub struct Allocator {
     segs: Vec<Seg>,
     pools: Vec<Pool>,
     pool_index: FxHashMap<((i64, i64), bool), u16>,
+    /// The default pools' indices, large and small.
+    default_pools: [Option<u16>; 2],
     /// Live segment ranges by base, to keep hinted addresses from overlapping.
     live_ranges: std::collections::BTreeMap<u64, u64>,
     next_base: u64,
     /// Addresses the recorded trace gave new segments, by size, in order: a new segment of that size takes the
     /// next, so ties between equal free blocks break as they did on the GPU.
-    hints: FxHashMap<u64, std::collections::VecDeque<u64>>,
+    hints: std::sync::Arc<FxHashMap<u64, Vec<u64>>>,
+    /// How many of each size's hints were taken.
+    hints_taken: FxHashMap<u64, usize>,
     pub reserved: u64,
     pub allocated: u64,
     pub peak_reserved: u64,
@@ -138,9 +163,11 @@ impl Allocator {
             segs: Vec::new(),
             pools: Vec::new(),
             pool_index: FxHashMap::default(),
+            default_pools: [None; 2],
             live_ranges: Default::default(),
             next_base: SYNTHETIC_BASE,
-            hints: FxHashMap::default(),
+            hints: Default::default(),
+            hints_taken: FxHashMap::default(),
             reserved: 0,
             allocated: 0,
             peak_reserved: 0,
@@ -156,8 +183,9 @@ impl Allocator {
         &self.cfg
     }
 
-    pub fn set_hints(&mut self, hints: FxHashMap<u64, std::collections::VecDeque<u64>>) {
+    pub fn set_hints(&mut self, hints: std::sync::Arc<FxHashMap<u64, Vec<u64>>>) {
         self.hints = hints;
+        self.hints_taken.clear();
     }
 
     /// The operation the next changes are charged to.
@@ -166,12 +194,22 @@ impl Allocator {
     }
 
     pub fn pool_for(&mut self, pool_id: (i64, i64), small: bool) -> u16 {
+        // Nearly every request is in the default pools: index them without hashing.
+        if pool_id == (0, 0) {
+            if let Some(&p) = self.default_pools[small as usize].as_ref() {
+                return p;
+            }
+        }
         let private = pool_id != (0, 0);
         let n = self.pools.len() as u16;
-        *self.pool_index.entry((pool_id, small)).or_insert_with(|| {
-            self.pools.push(Pool { small, private, blocks: BTreeSet::new(), unmapped: BTreeSet::new(), free_calls: 0 });
+        let p = *self.pool_index.entry((pool_id, small)).or_insert_with(|| {
+            self.pools.push(Pool { small, private, blocks: BTreeMap::new(), unmapped: BTreeMap::new(), free_calls: 0 });
             n
-        })
+        });
+        if pool_id == (0, 0) {
+            self.default_pools[small as usize] = Some(p);
+        }
+        p
     }
 
     fn new_blk(&mut self, b: Blk) -> u32 {
@@ -187,14 +225,14 @@ impl Allocator {
         }
     }
 
-    fn key(&self, b: u32) -> (u64, u64, u64, u32) {
+    fn key(&self, b: u32) -> u128 {
         let k = &self.blks[b as usize];
-        (self.segs[k.seg as usize].stream, k.size, k.addr, b)
+        pack(self.segs[k.seg as usize].stream, k.size, k.addr)
     }
 
-    fn ukey(&self, b: u32) -> (u64, u64, u32) {
+    fn ukey(&self, b: u32) -> u128 {
         let k = &self.blks[b as usize];
-        (self.segs[k.seg as usize].stream, k.addr, b)
+        upack(self.segs[k.seg as usize].stream, k.addr)
     }
 
     fn pool_of(&self, b: u32) -> usize {
@@ -205,7 +243,7 @@ impl Allocator {
         let p = self.pool_of(b);
         self.blks[b as usize].gc_base = self.pools[p].free_calls;
         let k = self.key(b);
-        self.pools[p].blocks.insert(k);
+        self.pools[p].blocks.insert(k, b);
     }
 
     fn uncache(&mut self, b: u32) {
@@ -230,7 +268,11 @@ impl Allocator {
 
     /// An address for a new segment: the recorded one for its size when it is free, else a fresh one.
     fn segment_base(&mut self, size: u64) -> u64 {
-        while let Some(a) = self.hints.get_mut(&size).and_then(|q| q.pop_front()) {
+        while let Some(&a) = self.hints.get(&size).and_then(|q| {
+            let taken = self.hints_taken.entry(size).or_default();
+            *taken += 1;
+            q.get(*taken - 1)
+        }) {
             let clear_before = self.live_ranges.range(..=a).next_back().is_none_or(|(&b, &s)| b + s <= a);
             let clear_after = self.live_ranges.range(a..).next().is_none_or(|(&b, _)| b >= a + size);
             if clear_before && clear_after && a < SYNTHETIC_BASE {
@@ -343,13 +385,13 @@ impl Allocator {
             p.free_calls += 1;
         }
         let p = &self.pools[pool as usize];
-        let mut it = p.blocks.range((stream, size, 0, 0)..).copied();
+        let mut it = p.blocks.range(pack(stream, size, 0)..).map(|(&k, &b)| (k, b));
         let mut cur = it.next()?;
-        if cur.0 != stream {
+        if key_stream(cur.0) != stream {
             return None;
         }
         let exp = |s: &Allocator, b: u32| s.segs[s.blks[b as usize].seg as usize].expandable;
-        if exp(self, cur.3) {
+        if exp(self, cur.1) {
             if self.cfg.rules.expandable {
                 // Best fit counts an expandable block as the size it can grow to (itself and the unmapped range
                 // after it), so a block at a segment's end may be passed over for a tighter one.
@@ -363,7 +405,10 @@ impl Allocator {
                         }
                 };
                 for next in it {
-                    if !(exp(self, cur.3) && next.0 == stream && grows_to(self, next.3) < grows_to(self, cur.3)) {
+                    if !(exp(self, cur.1)
+                        && key_stream(next.0) == stream
+                        && grows_to(self, next.1) < grows_to(self, cur.1))
+                    {
                         break;
                     }
                     cur = next;
@@ -371,8 +416,8 @@ impl Allocator {
             } else {
                 loop {
                     match it.next() {
-                        Some(n) if n.0 == stream && exp(self, n.3) => continue,
-                        Some(n) if n.0 == stream => {
+                        Some(n) if key_stream(n.0) == stream && exp(self, n.1) => continue,
+                        Some(n) if key_stream(n.0) == stream => {
                             cur = n;
                             break;
                         }
@@ -383,12 +428,13 @@ impl Allocator {
         }
         if let Some(m) = self.cfg.rules.max_split_size {
             // An oversized block is not handed to a small request, nor to a large one it exceeds by 20 MiB.
-            if size < m && cur.1 >= m || size >= m && cur.1 >= size + LARGE_BUFFER {
+            let found = key_size(cur.0);
+            if size < m && found >= m || size >= m && found >= size + LARGE_BUFFER {
                 return None;
             }
         }
-        self.pools[pool as usize].blocks.remove(&cur);
-        Some(cur.3)
+        self.pools[pool as usize].blocks.remove(&cur.0);
+        Some(cur.1)
     }
 
     fn alloc_block(&mut self, pool: u16, stream: u64, size: u64, alloc_size: u64) -> Option<u32> {
@@ -517,26 +563,30 @@ impl Allocator {
         let Some(m) = self.cfg.rules.max_split_size else { return false };
         let want = size.max(m);
         let p = &self.pools[pool as usize];
-        if let Some(&k) = p.blocks.range((stream, want, 0, 0)..).next().filter(|k| k.0 == stream) {
-            let b = k.3;
+        if let Some((_, &b)) = p.blocks.range(pack(stream, want, 0)..).next().filter(|(&k, _)| key_stream(k) == stream)
+        {
             let bk = &self.blks[b as usize];
             if !self.segs[bk.seg as usize].expandable && bk.prev == NIL && bk.next == NIL {
                 self.release_block(b);
             }
             return true;
         }
-        let mut largest: Vec<(u64, u64, u64, u32)> =
-            p.blocks.range((stream, 0, 0, 0)..(stream, want, 0, 0)).rev().copied().collect();
-        largest.retain(|k| k.1 >= m);
+        let largest: Vec<(u64, u32)> = p
+            .blocks
+            .range(pack(stream, 0, 0)..pack(stream, want, 0))
+            .rev()
+            .map(|(&k, &b)| (key_size(k), b))
+            .take_while(|&(size, _)| size >= m)
+            .collect();
         let mut released = 0;
-        for k in largest {
+        for (size, b) in largest {
             if released >= want {
                 break;
             }
-            let bk = &self.blks[k.3 as usize];
+            let bk = &self.blks[b as usize];
             if !self.segs[bk.seg as usize].expandable && bk.prev == NIL && bk.next == NIL {
-                released += k.1;
-                self.release_block(k.3);
+                released += size;
+                self.release_block(b);
             }
         }
         released >= want
@@ -552,14 +602,14 @@ impl Allocator {
             v.into_iter().map(|(_, i)| i).collect()
         };
         for pool in pools {
-            let keys: Vec<(u64, u64, u64, u32)> = self.pools[pool as usize].blocks.iter().copied().collect();
+            let blocks: Vec<u32> = self.pools[pool as usize].blocks.values().copied().collect();
             let mut to_unmap = Vec::new();
-            for k in keys {
-                let bk = &self.blks[k.3 as usize];
+            for b in blocks {
+                let bk = &self.blks[b as usize];
                 if self.segs[bk.seg as usize].expandable {
-                    to_unmap.push(k.3);
+                    to_unmap.push(b);
                 } else if bk.prev == NIL && bk.next == NIL {
-                    self.release_block(k.3);
+                    self.release_block(b);
                 }
             }
             for b in to_unmap {
@@ -582,12 +632,12 @@ impl Allocator {
         let freeable = |s: &Allocator| -> Vec<(u32, u64)> {
             s.pools[pool as usize]
                 .blocks
-                .iter()
-                .filter(|k| {
-                    let b = &s.blks[k.3 as usize];
+                .values()
+                .filter(|&&b| {
+                    let b = &s.blks[b as usize];
                     b.prev == NIL && b.next == NIL && !s.segs[b.seg as usize].expandable
                 })
-                .map(|k| (k.3, calls - s.blks[k.3 as usize].gc_base))
+                .map(|&b| (b, calls - s.blks[b as usize].gc_base))
                 .collect()
         };
         let mut blocks = freeable(self);
@@ -653,12 +703,8 @@ impl Allocator {
             }
             bytes >= size
         };
-        let candidates: Vec<u32> = self.pools[pool as usize]
-            .unmapped
-            .range((stream, 0, 0)..)
-            .take_while(|k| k.0 == stream)
-            .map(|k| k.2)
-            .collect();
+        let candidates: Vec<u32> =
+            self.pools[pool as usize].unmapped.range(upack(stream, 0)..upack(stream + 1, 0)).map(|(_, &b)| b).collect();
         for mut c in candidates {
             let prev = self.blks[c as usize].prev;
             if usable(self, prev) {
@@ -685,7 +731,7 @@ impl Allocator {
             gc_base: 0,
         });
         let k = self.ukey(b);
-        self.pools[pool as usize].unmapped.insert(k);
+        self.pools[pool as usize].unmapped.insert(k, b);
         b
     }
 
@@ -720,7 +766,7 @@ impl Allocator {
             self.blks[b as usize].next = r;
             self.blks[b as usize].size = mapped;
             let rk = self.ukey(r);
-            self.pools[pool].unmapped.insert(rk);
+            self.pools[pool].unmapped.insert(rk, r);
         }
         let (prev, next) = (self.blks[b as usize].prev, self.blks[b as usize].next);
         self.try_merge(b, prev);
@@ -787,7 +833,7 @@ impl Allocator {
         self.try_merge(b, prev);
         self.try_merge(b, next);
         let uk = self.ukey(b);
-        self.pools[pool].unmapped.insert(uk);
+        self.pools[pool].unmapped.insert(uk, b);
         self.reserved -= end - begin;
         self.event(Action::SegmentUnmap, end - begin);
     }
@@ -799,7 +845,7 @@ impl Allocator {
 
     /// The largest cached free block.
     pub fn largest_free_block(&self) -> u64 {
-        self.pools.iter().flat_map(|p| p.blocks.iter().map(|k| k.1)).max().unwrap_or(0)
+        self.pools.iter().flat_map(|p| p.blocks.keys().map(|&k| key_size(k))).max().unwrap_or(0)
     }
 }
 

@@ -40,6 +40,16 @@ impl Outcome {
 
 /// Runs a workload through the allocator model.
 pub fn simulate(w: &Workload, cfg: Config, record_events: bool) -> Outcome {
+    simulate_with(w, cfg, record_events, |_, _| Edit::Keep)
+}
+
+/// Runs a workload with each request edited by `edit(stack, size)`: left out, resized or kept.
+pub fn simulate_with(
+    w: &Workload,
+    cfg: Config,
+    record_events: bool,
+    edit: impl Fn(super::stacks::StackId, u64) -> Edit,
+) -> Outcome {
     let (mut a, start_blocks) = w.start_allocator(cfg);
     a.record_events = record_events;
     let mut blocks: Vec<u32> = start_blocks;
@@ -53,7 +63,12 @@ pub fn simulate(w: &Workload, cfg: Config, record_events: bool) -> Outcome {
     for (i, op) in w.ops.iter().enumerate() {
         a.at_op(i as u32);
         match *op {
-            Op::Alloc { id, size, stream, pool, event } => {
+            Op::Alloc { id, size, stream, pool, event, stack } => {
+                let size = match edit(stack, size) {
+                    Edit::Keep => size,
+                    Edit::Resize(s) => s,
+                    Edit::Drop => continue,
+                };
                 let got = if std::mem::take(&mut released) {
                     if a.cache_serves(size, stream, pool) {
                         // The cache could have served it: the release was the program's empty_cache.

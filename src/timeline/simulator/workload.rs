@@ -1,11 +1,10 @@
 //! The requests and frees of a device's trace, in order, as a simulation replays them: what the program asked
 //! of the allocator, separated from where torch put it.
 
-use std::collections::VecDeque;
-
 use rustc_hash::FxHashMap;
 
 use crate::timeline::replay::{Replay, State};
+use crate::timeline::stacks::StackId;
 use crate::timeline::{Action, BlockState, Event, PoolKind};
 
 use super::allocator::{Allocator, Config};
@@ -13,13 +12,15 @@ use super::allocator::{Allocator, Config};
 /// One thing the program did to the allocator.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Op {
-    /// A request of `size` bytes (the caller's size); `id` names it for its free.
+    /// A request of `size` bytes (the caller's size) from `stack`; `id` names it for its free. Streams are ranks
+    /// (see [`Workload::streams`]).
     Alloc {
         id: u32,
         size: u64,
         stream: u64,
         pool: (i64, i64),
         event: u32,
+        stack: StackId,
     },
     Free {
         id: u32,
@@ -87,9 +88,13 @@ pub struct Workload {
     /// The trace begins mid-run: the start is the state rebuilt from the file, not an empty device.
     pub rebuilt_start: bool,
     /// Addresses the trace gave new segments, by size, in order (see [`Allocator::set_hints`]).
-    pub segment_addresses: FxHashMap<u64, VecDeque<u64>>,
+    pub segment_addresses: std::sync::Arc<FxHashMap<u64, Vec<u64>>>,
+    /// The trace's streams in the order of their handles: an op's or segment's stream is its index here.
+    pub streams: Vec<u64>,
     /// Frees of blocks the workload never saw allocated (skipped).
     pub unmatched_frees: usize,
+    /// Ids in use: the start's and the requests'.
+    ids: u32,
 }
 
 impl Workload {
@@ -99,6 +104,13 @@ impl Workload {
         let rebuilt_start = !replay.complete();
         let start_state = if rebuilt_start { replay.state_at(None) } else { State::default() };
         let mut w = Workload { rebuilt_start, ..Default::default() };
+        let mut streams: Vec<u64> = dev.event_attrs.all().iter().map(|a| a.stream).collect();
+        streams.extend(start_state.segments.values().map(|s| s.stream));
+        streams.sort_unstable();
+        streams.dedup();
+        let rank: FxHashMap<u64, u64> = streams.iter().enumerate().map(|(i, &s)| (s, i as u64)).collect();
+        w.streams = streams;
+        let mut addresses: FxHashMap<u64, Vec<u64>> = FxHashMap::default();
         let mut live: FxHashMap<u64, u32> = FxHashMap::default();
         let mut next_id = 0u32;
         for seg in start_state.segments_sorted() {
@@ -117,7 +129,7 @@ impl Workload {
             };
             w.start.push(StartSegment {
                 addr: seg.addr,
-                stream: seg.stream,
+                stream: rank[&seg.stream],
                 pool: seg.pool_id,
                 small,
                 expandable: seg.expandable,
@@ -144,9 +156,10 @@ impl Workload {
                         w.ops.push(Op::Alloc {
                             id: next_id,
                             size,
-                            stream: attrs.stream,
+                            stream: rank[&attrs.stream],
                             pool: attrs.pool_id().unwrap_or((0, 0)),
                             event: at,
+                            stack: e.stack,
                         });
                         next_id += 1;
                     }
@@ -156,7 +169,7 @@ impl Workload {
                     None if dropped.remove(&e.addr) => {}
                     None => w.unmatched_frees += 1,
                 },
-                Action::SegmentAlloc => w.segment_addresses.entry(e.size).or_default().push_back(e.addr),
+                Action::SegmentAlloc => addresses.entry(e.size).or_default().push(e.addr),
                 Action::SegmentFree | Action::SegmentUnmap => {
                     // A run of releases: before a new segment, the allocator's retry or the program's empty_cache
                     // (told apart in the simulation); before the OOM, the allocator's last resort, which the
@@ -176,7 +189,7 @@ impl Workload {
                 }
                 Action::Oom => w.ops.push(Op::Failed {
                     size: e.size,
-                    stream: attrs.stream,
+                    stream: rank[&attrs.stream],
                     pool: attrs.pool_id().unwrap_or((0, 0)),
                     event: at,
                 }),
@@ -184,23 +197,20 @@ impl Workload {
             }
             i += 1;
         }
+        w.segment_addresses = std::sync::Arc::new(addresses);
+        w.ids = next_id;
         w
     }
 
     /// The requests in force: how many ids the workload uses.
     pub fn ids(&self) -> usize {
-        self.ops
-            .iter()
-            .filter_map(|o| if let Op::Alloc { id, .. } = o { Some(*id as usize + 1) } else { None })
-            .max()
-            .unwrap_or(self.first_id as usize)
-            .max(self.first_id as usize)
+        self.ids as usize
     }
 
     /// An allocator holding the starting state; returns it with the block of each live start id.
     pub fn start_allocator(&self, cfg: Config) -> (Allocator, Vec<u32>) {
         let mut a = Allocator::new(cfg);
-        a.set_hints(self.segment_addresses.clone());
+        a.set_hints(std::sync::Arc::clone(&self.segment_addresses));
         let mut blocks = Vec::with_capacity(self.ids());
         for s in &self.start {
             let pool = a.pool_for(s.pool, s.small);
