@@ -169,6 +169,19 @@ pub struct SegmentBar {
     pub expandable: bool,
     /// Runs of blocks of one state, in address order: (bytes, state).
     pub runs: Vec<(u64, crate::timeline::BlockState)>,
+    /// Live blocks that pin free memory at a fragmentation OOM: (offset in the segment, bytes).
+    pub pinning: Vec<(u64, u64)>,
+}
+
+/// Marks the pinning blocks (by address) on the map's segments.
+pub fn mark_pinning(map: &mut SegmentMap, state: &crate::timeline::replay::State, addresses: &[u64]) {
+    for bar in &mut map.segments {
+        for (addr, b) in state.segment_blocks(bar.address) {
+            if addresses.binary_search(&addr).is_ok() {
+                bar.pinning.push((addr - bar.address, b.size));
+            }
+        }
+    }
 }
 
 /// The map of a state (`None` without segments).
@@ -190,7 +203,7 @@ pub fn segment_map(state: &crate::timeline::replay::State) -> Option<SegmentMap>
                     _ => runs.push((b.size, b.state)),
                 }
             }
-            SegmentBar { address: s.addr, size: s.size, expandable: s.expandable, runs }
+            SegmentBar { address: s.addr, size: s.size, expandable: s.expandable, runs, pinning: Vec::new() }
         })
         .collect();
     Some(SegmentMap { segments, total_segments })

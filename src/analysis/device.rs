@@ -100,6 +100,10 @@ pub(super) fn analyze_device<'t>(
     }
     report.holder = verdict::holder(tl, &report, &state, &attribution);
     report.whatif = super::whatif::at_oom(tl, dev, &replay, &report, &report.facts, &mut cache, opts);
+    report.pinning = report.oom.as_ref().and_then(|o| super::fragments::pinning(tl, dev, &replay, &state, o));
+    if let (Some(p), Some(map)) = (&report.pinning, report.segment_map.as_mut()) {
+        chart::mark_pinning(map, &state, &p.addresses);
+    }
     if opts.chart_categories {
         if let Some(c) = report.chart.as_mut() {
             chart::split_by_category(c, tl, &replay, &mut cache);
@@ -165,6 +169,7 @@ fn device_report(
         verdict: None,
         holder: None,
         whatif: Vec::new(),
+        pinning: None,
         notes,
         chart: chart::of(replay, &dev.events),
         segment_map: chart::segment_map(&state),

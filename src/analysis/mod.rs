@@ -7,6 +7,7 @@ pub mod chart;
 mod device;
 pub mod diff;
 pub mod facts;
+pub mod fragments;
 mod imbalance;
 pub mod iterations;
 pub mod job_view;

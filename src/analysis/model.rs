@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{attribution, chart, facts, job_view, observed, prediction, profile, serving, verdict, whatif};
+use super::{attribution, chart, facts, fragments, job_view, observed, prediction, profile, serving, verdict, whatif};
 use crate::timeline::stacks::StackId;
 use crate::timeline::{AllocatorSettings, CaptureInfo, InputInfo};
 
@@ -214,6 +214,10 @@ pub struct DeviceReport {
     /// whether the OOM (and every later request) would have been avoided.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub whatif: Vec<whatif::WhatIf>,
+    /// At a fragmentation OOM: the live blocks that pin the pool's free memory in pieces, and when over the trace
+    /// the free-but-unusable memory was largest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinning: Option<fragments::Pinning>,
     pub notes: Vec<String>,
     /// Allocated and reserved over the trace, reduced for a picture (the HTML report); not in the JSON.
     #[serde(skip)]

@@ -217,6 +217,7 @@ pub fn text_only_report(tl: &Timeline, device: i64, snapshot_gpus: &[i64]) -> De
         verdict: None,
         holder: None,
         whatif: Vec::new(),
+        pinning: None,
         notes,
         chart: None,
         segment_map: None,

@@ -628,7 +628,20 @@ pub fn at_oom(
     if cap.bytes.is_none() {
         return Vec::new();
     }
-    remedies(tl, dev, replay, &cap, report.holder.as_ref().map(|h| h.category), &facts.leak_stacks, cats)
+    let need = report.oom.as_ref().and_then(|o| o.requested_bytes).map(|r| r + report.allocated_bytes);
+    let case = OomCase { holder: report.holder.as_ref().map(|h| h.category), leak: &facts.leak_stacks, need };
+    remedies(tl, dev, replay, &cap, &case, cats)
+}
+
+/// What the remedies are chosen by.
+#[derive(Clone, Copy, Debug)]
+pub struct OomCase<'a> {
+    /// The category holding the most memory at the OOM.
+    pub holder: Option<&'static str>,
+    /// The stacks whose allocations accumulate.
+    pub leak: &'a [crate::timeline::stacks::StackId],
+    /// The live bytes plus the request at the OOM.
+    pub need: Option<u64>,
 }
 
 /// The remedies tried for a GPU whose memory is held mostly by `holder`, with `leak` the stacks that accumulate
@@ -638,11 +651,14 @@ pub fn remedies(
     dev: &DeviceTimeline,
     replay: &Replay,
     cap: &Capacity,
-    holder: Option<&'static str>,
-    leak: &[crate::timeline::stacks::StackId],
+    case: &OomCase,
     cats: &mut super::categories::CategoryCache,
 ) -> Vec<WhatIf> {
+    let OomCase { holder, leak, need } = *case;
     let base = recorded_config(tl, replay, cap);
+    // No allocator setting packs the live tensors and the request into less than their sum: past the most the
+    // process could hold, the settings are not tried.
+    let settings_hopeless = need.is_some_and(|n| n > cap.at_most.or(cap.bytes).unwrap_or(u64::MAX));
     // Each requesting stack's category (a few thousand stacks for a million events), by stack id.
     let mut cat_of: Vec<u8> = vec![u8::MAX; tl.stacks.stack_count()];
     let mut has = [false; super::categories::CATEGORIES.len()];
@@ -711,6 +727,28 @@ pub fn remedies(
         wi
     };
     let fits = |w: &WhatIf| w.fits == Some(true);
+    let scale = scalable.map(|i| super::categories::CATEGORIES[i]);
+    if settings_hopeless {
+        // Only the workload can help, and its tries do not depend on each other: one per core.
+        let mut knobs: Vec<Knob> = Vec::new();
+        if !leak.is_empty() {
+            knobs.push(Knob::NoLeak);
+            knobs.extend(scale.map(|c| Knob::Scale(c, 0.5)));
+        } else if let Some(c) = scale {
+            knobs.extend([Knob::Scale(c, 0.75), Knob::Scale(c, 0.5)]);
+        }
+        if holder == Some("optimizer_state") {
+            knobs.push(Knob::EightBitOptimizer);
+        }
+        let half = knobs.len().div_ceil(2);
+        let (mine, theirs) = knobs.split_at(half);
+        return std::thread::scope(|s| {
+            let other = crate::threads::beside(s, || theirs.iter().map(|&k| run(k)).collect::<Vec<_>>());
+            let mut v: Vec<WhatIf> = mine.iter().map(|&k| run(k)).collect();
+            v.extend(other());
+            v
+        });
+    }
     // Two chains, one per core, each trying the next remedy only where the last did not answer: the allocator's
     // settings, and the workload (the leak, a smaller batch or cache, an 8-bit optimizer).
     let settings = || {
@@ -727,7 +765,6 @@ pub fn remedies(
     };
     let work = || {
         let mut out = Vec::new();
-        let scale = scalable.map(|i| super::categories::CATEGORIES[i]);
         if !leak.is_empty() {
             out.push(run(Knob::NoLeak));
             out.extend(scale.map(|c| run(Knob::Scale(c, 0.5))));

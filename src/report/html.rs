@@ -47,7 +47,7 @@ table{border-collapse:collapse;width:100%}td,th{padding:.2rem .5rem;border-botto
 svg.timeline{width:100%;height:auto;border:1px solid var(--line);border-radius:4px}svg .alloc{fill:var(--alloc);fill-opacity:.35;stroke:var(--alloc);stroke-width:1}\
 svg .res{fill:none;stroke:var(--res);stroke-width:1.5}svg .hit{fill:transparent}svg .hit:hover{fill:rgba(127,127,127,.18)}svg text{fill:var(--dim);font-size:11px}\
 .legend span{margin-right:1rem}.sw{display:inline-block;width:.8rem;height:.8rem;margin-right:.3rem;vertical-align:middle}\
-.blk-alloc{fill:var(--alloc);background:var(--alloc)}.blk-pending{fill:var(--res);background:var(--res)}.blk-free{fill:#98a2b3;fill-opacity:.45;background:#98a2b3}.blk-req{fill:var(--err);background:var(--err)}\
+.blk-alloc{fill:var(--alloc);background:var(--alloc)}.blk-pending{fill:var(--res);background:var(--res)}.blk-free{fill:#98a2b3;fill-opacity:.45;background:#98a2b3}.blk-req{fill:var(--err);background:var(--err)}.blk-pin{fill:none;stroke:#d97706;stroke-width:1.5;border:1.5px solid #d97706}\
 svg.segments{width:100%;height:auto}svg.timeline{cursor:grab;touch-action:none}svg .zoom *{vector-effect:non-scaling-stroke}svg .outside{fill:none;stroke:#7c3aed;stroke-width:1.5;stroke-dasharray:2 2}svg .cat{fill-opacity:.75;stroke:none}svg .low{fill:none;stroke:var(--fg);stroke-opacity:.35;stroke-width:1}\
 .cat-parameter{fill:#6366f1;background:#6366f1}.cat-gradient{fill:#22c55e;background:#22c55e}.cat-optimizer_state{fill:#d946ef;background:#d946ef}.cat-activation{fill:#3b82f6;background:#3b82f6}\
 .cat-temporary{fill:#06b6d4;background:#06b6d4}.cat-kv_cache{fill:#ec4899;background:#ec4899}.cat-communication{fill:#14b8a6;background:#14b8a6}.cat-compile{fill:#84cc16;background:#84cc16}.cat-user_tensor{fill:#f97316;background:#f97316}.cat-unknown{fill:#94a3b8;background:#94a3b8}\
@@ -256,6 +256,9 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, rules: &[&str]) {
             let label = if i == 0 { "<span class=\"oom\">OOM</span> " } else { "" };
             let _ = writeln!(o, "<p>{label}{line}</p>");
         }
+        for line in wording::pinning_lines(d) {
+            let _ = writeln!(o, "<p class=\"pin\">{}</p>", esc(&line));
+        }
         let _ = writeln!(o, "</div>");
     }
     if let Some(obs) = &d.observed {
@@ -407,6 +410,18 @@ fn segments(o: &mut String, d: &DeviceReport, map: &SegmentMap) {
             );
             x += w;
         }
+        for &(offset, size) in &seg.pinning {
+            let _ = writeln!(
+                o,
+                "<rect class=\"blk-pin\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.2}\" height=\"{:.1}\"><title>{} live, pinning this \
+                 segment's free memory</title></rect>",
+                label_w + scale(offset),
+                y + 1.0,
+                scale(size).max(0.5),
+                row - 2.0,
+                bytes(size)
+            );
+        }
     }
     if let Some(req) = oom {
         let y = map.segments.len() as f64 * row + 10.0;
@@ -433,8 +448,13 @@ fn segments(o: &mut String, d: &DeviceReport, map: &SegmentMap) {
     }
     let _ = writeln!(
         o,
-        "</svg>\n<figcaption class=\"legend dim\"><span><i class=\"sw blk-alloc\"></i>allocated</span><span><i class=\"sw blk-pending\"></i>freed, waiting for another stream</span><span><i class=\"sw blk-free\"></i>free (cached)</span>{}</figcaption>\n</figure>",
-        if oom.is_some() { "<span><i class=\"sw blk-req\"></i>the failed request</span>" } else { "" }
+        "</svg>\n<figcaption class=\"legend dim\"><span><i class=\"sw blk-alloc\"></i>allocated</span><span><i class=\"sw blk-pending\"></i>freed, waiting for another stream</span><span><i class=\"sw blk-free\"></i>free (cached)</span>{}{}</figcaption>\n</figure>",
+        if oom.is_some() { "<span><i class=\"sw blk-req\"></i>the failed request</span>" } else { "" },
+        if map.segments.iter().any(|s| !s.pinning.is_empty()) {
+            "<span><i class=\"sw blk-pin\"></i>live blocks pinning free memory</span>"
+        } else {
+            ""
+        }
     );
 }
 
@@ -562,6 +582,11 @@ fn timeline(o: &mut String, d: &DeviceReport, c: &Chart, rules: &[&str]) {
     };
     mark(d.oom.as_ref().and_then(|oom| oom.event_index), "var(--err)", "OOM", 18.0);
     mark(d.peak.as_ref().and_then(|p| p.event_index), "var(--res)", "peak", 32.0);
+    // At a fragmentation OOM, the moments the free memory was most in pieces.
+    for (k, m) in d.pinning.iter().flat_map(|p| &p.worst_moments).enumerate() {
+        let label = if k == 0 { "most fragmented" } else { "fragmented" };
+        mark(Some(m.event_index), "#d97706", label, 46.0 + 14.0 * k as f64);
+    }
     if let Some(e) = d.event_index.filter(|_| matches!(d.moment, Moment::Time)) {
         mark(Some(e), "var(--fg)", "the moment", 46.0);
     }

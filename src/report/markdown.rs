@@ -150,6 +150,9 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline) {
             };
             let _ = writeln!(o, "{}{line}  ", if i == 0 { "**OOM**: " } else { "" });
         }
+        for line in wording::pinning_lines(d) {
+            let _ = writeln!(o, "{}  ", esc(&line));
+        }
         let _ = writeln!(o);
     }
     if let Some(obs) = &d.observed {

@@ -134,6 +134,9 @@ fn device(o: &mut String, d: &DeviceReport, tl: &Timeline, st: &Style) {
             };
             let _ = writeln!(o, "  {}  {line}", if i == 0 { st.red("OOM") } else { "   ".into() });
         }
+        for line in wording::pinning_lines(d) {
+            let _ = writeln!(o, "       {}", st.yellow(&line));
+        }
     }
     if let Some(obs) = &d.observed {
         for line in wording::observed_lines(obs, d) {

@@ -518,6 +518,57 @@ pub fn verdict_detail(d: &DeviceReport) -> Vec<String> {
     out
 }
 
+/// At a fragmentation OOM: the live blocks that pin the free memory in pieces, by line, and when over the trace the
+/// free-but-unusable memory was largest.
+pub fn pinning_lines(d: &DeviceReport) -> Vec<String> {
+    let Some(p) = &d.pinning else { return Vec::new() };
+    let mut out = vec![format!(
+        "pinned: {} live block{} in {} segment{} keep {} cached free in pieces none of which holds the {} asked for: \
+         while they live the pieces neither merge nor go back to the driver",
+        p.blocks,
+        if p.blocks == 1 { "" } else { "s" },
+        p.segments,
+        if p.segments == 1 { "" } else { "s" },
+        bytes(p.pinned_free_bytes),
+        bytes(p.requested_bytes)
+    )];
+    for s in &p.by_stack {
+        let age = match (s.youngest_age_us, s.oldest_age_us) {
+            (Some(y), Some(o)) if y == o => format!(", allocated {} before the OOM", crate::units::duration_us(y)),
+            (Some(y), Some(o)) => format!(
+                ", allocated {} to {} before the OOM",
+                crate::units::duration_us(y),
+                crate::units::duration_us(o)
+            ),
+            _ => String::new(),
+        };
+        out.push(format!(
+            "  {} ×{} ({} live) pins {}{age}",
+            s.stack,
+            s.blocks,
+            bytes(s.live_bytes),
+            bytes(s.pinned_free_bytes)
+        ));
+    }
+    let moments: Vec<String> = p
+        .worst_moments
+        .iter()
+        .map(|m| {
+            format!(
+                "{} ({} of the {} cached free pinned in part-used segments, largest free block {})",
+                when(Some(m.event_index), m.time_us, d.trace.first_time_us),
+                bytes(m.pinned_free_bytes),
+                bytes(m.cached_free_bytes),
+                bytes(m.largest_free_block_bytes)
+            )
+        })
+        .collect();
+    if !moments.is_empty() {
+        out.push(format!("most free memory pinned at {}", moments.join("; then at ")));
+    }
+    out
+}
+
 /// One line for the GPUs only nvidia-smi saw beside a snapshot: `nvidia-smi also saw GPUs 0–4 and 6 (…)`.
 pub fn other_gpus_line(others: &[crate::analysis::observed::OtherGpu]) -> Option<String> {
     if others.is_empty() {

@@ -97,6 +97,9 @@ pub struct App<'t> {
     pub findings: Vec<Finding>,
     /// Each GPU's verdict summary (the report's first words), by device.
     pub verdicts: Vec<(i64, String)>,
+    /// Per GPU, what the OOM panel adds at the OOM: the blocks that pin the free memory, the remedies the
+    /// allocator model proved or refuted.
+    pub at_oom: Vec<(i64, Vec<String>)>,
     /// The report's profiler section, one line each (empty without profiler exports).
     pub profile_lines: Vec<String>,
     /// Nsight Compute launches, the longest first, with the class the `kernel-bound` rule gave.
@@ -155,6 +158,12 @@ impl<'t> App<'t> {
                 .iter()
                 .filter_map(|d| Some((d.device, d.verdict.as_ref()?.summary.clone())))
                 .collect(),
+            at_oom: analysis
+                .devices
+                .iter()
+                .map(|d| (d.device, oom_panel_lines(d)))
+                .filter(|(_, l)| !l.is_empty())
+                .collect(),
             profile_lines: analysis.profile.as_ref().map(crate::report::wording::profile_lines).unwrap_or_default(),
             ncu_rows: analysis.profile.as_ref().and_then(|p| p.ncu.as_ref()).map_or(Vec::new(), |n| n.by_time.clone()),
             devices,
@@ -185,6 +194,12 @@ impl<'t> App<'t> {
     }
 
     /// The verdict of the GPU shown.
+    /// The OOM panel's extra lines for the current GPU.
+    pub fn at_oom(&self) -> &[String] {
+        let Some(d) = self.device().map(|d| d.device) else { return &[] };
+        self.at_oom.iter().find(|(id, _)| *id == d).map_or(&[], |(_, l)| l.as_slice())
+    }
+
     pub fn verdict(&self) -> Option<&str> {
         let d = self.device()?.device;
         self.verdicts.iter().find(|(id, _)| *id == d).map(|(_, s)| s.as_str())
@@ -474,4 +489,30 @@ fn first_device(devices: &[DeviceCtx]) -> usize {
             .max_by(|(i, a), (j, b)| a.replay.peak_allocated.0.cmp(&b.replay.peak_allocated.0).then(j.cmp(i)))
             .map_or(0, |(i, _)| i),
     }
+}
+
+/// The OOM panel's extra lines, short enough for a side panel: the blocks that pin the free memory and the
+/// remedies replayed on the trace (the reports say them in full).
+fn oom_panel_lines(d: &crate::analysis::DeviceReport) -> Vec<String> {
+    use crate::units::bytes;
+    let mut out = Vec::new();
+    if let Some(p) = &d.pinning {
+        out.push(format!("pinned: {} blocks keep {} free in pieces", p.blocks, bytes(p.pinned_free_bytes)));
+        for s in p.by_stack.iter().take(2) {
+            out.push(format!("  {} by {}× {}", bytes(s.pinned_free_bytes), s.blocks, s.stack));
+        }
+        if let Some(m) = p.worst_moments.first() {
+            out.push(format!("most pinned: {} at event {}", bytes(m.pinned_free_bytes), m.event_index));
+        }
+    }
+    for w in &d.whatif {
+        let answer = match (w.fits, w.headroom_bytes, w.undecided_above) {
+            (Some(true), Some(h), _) => format!("fits ({} spare)", bytes(h.max(0) as u64)),
+            (Some(false), _, _) => "still runs out".to_string(),
+            (_, _, Some(l)) => format!("fits only over a {} cap", bytes(l)),
+            _ => "capacity unknown".to_string(),
+        };
+        out.push(format!("{} → {answer}", w.change));
+    }
+    out
 }

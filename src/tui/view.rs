@@ -391,6 +391,9 @@ fn draw_pools(f: &mut Frame, app: &App, area: Rect) {
             if let Some(free) = d.replay.device().attrs(e).device_free() {
                 lines.push(Line::from(format!("the driver had {} free", bytes(free))));
             }
+            for l in app.at_oom() {
+                lines.push(Line::from(l.clone()).fg(PEAK));
+            }
         }
     }
     let segs = st.segments_sorted();

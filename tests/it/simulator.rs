@@ -246,3 +246,33 @@ fn where_expandable_segments_were_on_the_verdict_does_not_recommend_them() {
         assert!(!said.contains("expandable_segments:True"), "{input}: {said}");
     }
 }
+
+#[test]
+fn the_blocks_that_pin_the_fragments_are_named_on_the_real_fragmentation_capture() {
+    let d = verdict_of("fixtures/real-gpu/fragmentation");
+    let p = &d["pinning"];
+    // fragmentation.py keeps one 100 MiB tensor in each of 15 segments of 256 MiB: each pins the 156 MiB after it.
+    assert_eq!(p["blocks"], 15, "{p}");
+    assert_eq!(p["segments"], 15, "{p}");
+    assert_eq!(p["pinned_free_bytes"].as_u64(), Some((15 * 156) << 20), "{p}");
+    let top = &p["by_stack"][0];
+    assert!(top["stack"].as_str().unwrap().contains("fragmentation.py:15"), "{top}");
+    assert_eq!(top["blocks"], 15);
+    assert!(top["youngest_age_us"].as_i64().unwrap() > 0, "{top}");
+    // The worst moment is the OOM's stretch, just before it.
+    let worst = &p["worst_moments"][0];
+    let oom = d["oom"]["event_index"].as_u64().unwrap();
+    assert!(worst["event_index"].as_u64().unwrap() + 2 >= oom, "{worst} vs OOM at {oom}");
+    // Where nothing was fragmented, nothing is said.
+    assert!(verdict_of("fixtures/real-gpu/leaked-references")["pinning"].is_null());
+}
+
+#[test]
+fn the_html_marks_the_pinning_blocks_and_the_worst_moment() {
+    let out = oomdoc(&["analyze", "fixtures/real-gpu/fragmentation", "--format", "html", "--no-progress"]);
+    assert!(out.status.success());
+    let html = stdout(&out);
+    assert_eq!(html.matches("<rect class=\"blk-pin\"").count(), 15);
+    assert!(html.contains(">most fragmented</text>"));
+    assert!(html.contains("live blocks pinning free memory"));
+}
