@@ -225,6 +225,30 @@ impl Allocator {
         }
     }
 
+    /// A new free block of `size` at `addr`, linked right after `b` in its segment.
+    fn link_after(&mut self, b: u32, addr: u64, size: u64, mapped: bool) -> u32 {
+        let k = self.blks[b as usize].clone();
+        let n =
+            self.new_blk(Blk { addr, size, seg: k.seg, prev: b, next: k.next, allocated: false, mapped, gc_base: 0 });
+        if k.next != NIL {
+            self.blks[k.next as usize].prev = n;
+        }
+        self.blks[b as usize].next = n;
+        n
+    }
+
+    /// A new free block of `size` at `addr`, linked right before `b` in its segment.
+    fn link_before(&mut self, b: u32, addr: u64, size: u64, mapped: bool) -> u32 {
+        let k = self.blks[b as usize].clone();
+        let n =
+            self.new_blk(Blk { addr, size, seg: k.seg, prev: k.prev, next: b, allocated: false, mapped, gc_base: 0 });
+        if k.prev != NIL {
+            self.blks[k.prev as usize].next = n;
+        }
+        self.blks[b as usize].prev = n;
+        n
+    }
+
     fn key(&self, b: u32) -> u128 {
         let k = &self.blks[b as usize];
         pack(self.segs[k.seg as usize].stream, k.size, k.addr)
@@ -468,23 +492,9 @@ impl Allocator {
         let kind = if self.pools[pool as usize].small { PoolKind::Small } else { PoolKind::Large };
         let remaining = self.blks[b as usize].size - size;
         if self.cfg.rules.should_split(kind, size, remaining) {
-            let k = self.blks[b as usize].clone();
-            let r = self.new_blk(Blk {
-                addr: k.addr + size,
-                size: remaining,
-                seg: k.seg,
-                prev: b,
-                next: k.next,
-                allocated: false,
-                mapped: true,
-                gc_base: 0,
-            });
-            if k.next != NIL {
-                self.blks[k.next as usize].prev = r;
-            }
-            let bb = &mut self.blks[b as usize];
-            bb.next = r;
-            bb.size = size;
+            let addr = self.blks[b as usize].addr + size;
+            let r = self.link_after(b, addr, remaining, true);
+            self.blks[b as usize].size = size;
             self.cache(r);
         }
         let bb = &mut self.blks[b as usize];
@@ -750,20 +760,7 @@ impl Allocator {
         self.pools[pool].unmapped.remove(&uk);
         self.blks[b as usize].mapped = true;
         if mapped < k.size {
-            let r = self.new_blk(Blk {
-                addr: k.addr + mapped,
-                size: k.size - mapped,
-                seg: k.seg,
-                prev: b,
-                next: k.next,
-                allocated: false,
-                mapped: false,
-                gc_base: 0,
-            });
-            if k.next != NIL {
-                self.blks[k.next as usize].prev = r;
-            }
-            self.blks[b as usize].next = r;
+            let r = self.link_after(b, k.addr + mapped, k.size - mapped, false);
             self.blks[b as usize].size = mapped;
             let rk = self.ukey(r);
             self.pools[pool].unmapped.insert(rk, r);
@@ -790,37 +787,11 @@ impl Allocator {
         }
         self.uncache(b);
         if begin > k.addr {
-            let f = self.new_blk(Blk {
-                addr: k.addr,
-                size: begin - k.addr,
-                seg: k.seg,
-                prev: k.prev,
-                next: b,
-                allocated: false,
-                mapped: true,
-                gc_base: 0,
-            });
-            if k.prev != NIL {
-                self.blks[k.prev as usize].next = f;
-            }
-            self.blks[b as usize].prev = f;
+            let f = self.link_before(b, k.addr, begin - k.addr, true);
             self.cache(f);
         }
         if end < k.addr + k.size {
-            let f = self.new_blk(Blk {
-                addr: end,
-                size: k.addr + k.size - end,
-                seg: k.seg,
-                prev: b,
-                next: k.next,
-                allocated: false,
-                mapped: true,
-                gc_base: 0,
-            });
-            if k.next != NIL {
-                self.blks[k.next as usize].prev = f;
-            }
-            self.blks[b as usize].next = f;
+            let f = self.link_after(b, end, k.addr + k.size - end, true);
             self.cache(f);
         }
         {
