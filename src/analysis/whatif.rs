@@ -136,6 +136,12 @@ pub struct Validation {
     pub expandable: bool,
     pub capacity: Capacity,
     pub exact: bool,
+    /// Releases of the cache just before a new segment that the cache could not have avoided (the driver refusing
+    /// the segment, or an empty_cache: the allocator does the same either way), replayed where the trace has them:
+    /// how many. The capacity is the driver's, not the allocator's to decide.
+    pub driver_refusals: usize,
+    /// Releases of the cache the program made (empty_cache), replayed where the trace has them.
+    pub empty_cache_calls: usize,
 }
 
 impl Validation {
@@ -178,6 +184,8 @@ pub fn validate(tl: &Timeline, dev: &DeviceTimeline, replay: &Replay, memory_cap
         rebuilt_start: w.rebuilt_start,
         expandable: cfg.rules.expandable,
         capacity: cap,
+        driver_refusals: out.refusals_followed,
+        empty_cache_calls: out.empty_caches,
     }
 }
 

@@ -140,6 +140,14 @@ pub fn validation_markdown(inputs: &[InputValidation]) -> String {
         if v.capacity.fraction_cap {
             notes.push("memory cap");
         }
+        let refusals = format!("{} releases replayed", v.driver_refusals);
+        if v.driver_refusals > 0 {
+            notes.push(&refusals);
+        }
+        let calls = format!("{} empty_cache calls", v.empty_cache_calls);
+        if v.empty_cache_calls > 0 {
+            notes.push(&calls);
+        }
         s += &format!(
             "| `{}`{} | {} | {} / {} | {} → {} | {} |\n",
             name,

@@ -29,6 +29,10 @@ pub struct Outcome {
     /// Where the driver refused a new segment (followed from the trace): the reservation the segment would have
     /// made, the least of them. The capacity was below it.
     pub refused_at: Option<u64>,
+    /// How many requests met a refusal taken from the trace, and how many releases were told to be the program's
+    /// empty_cache because the cache could have served the next request.
+    pub refusals_followed: usize,
+    pub empty_caches: usize,
 }
 
 impl Outcome {
@@ -72,9 +76,11 @@ pub fn simulate_with(
                 let got = if std::mem::take(&mut released) {
                     if a.cache_serves(size, stream, pool) {
                         // The cache could have served it: the release was the program's empty_cache.
+                        out.empty_caches += 1;
                         a.release_cached();
                         a.malloc(size, stream, pool)
                     } else if a.config().follow_refusals {
+                        out.refusals_followed += 1;
                         let (got, asked) = a.malloc_refused(size, stream, pool);
                         out.refused_at = Some(out.refused_at.map_or(asked, |r: u64| r.min(asked)));
                         got
@@ -96,7 +102,10 @@ pub fn simulate_with(
                     a.free(b);
                 }
             }
-            Op::EmptyCache { .. } => a.release_cached(),
+            Op::EmptyCache { .. } => {
+                out.empty_caches += 1;
+                a.release_cached()
+            }
             Op::Failed { size, stream, pool, event } => {
                 // The request that raised the OOM; if it fits here it stays held (its free is not in the trace).
                 let served = a.malloc(size, stream, pool).is_some();
