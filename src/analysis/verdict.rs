@@ -408,11 +408,28 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
             Some(_) if other_ran_out.is_some() => {
                 format!("It did not run out of memory; GPU {} did.", other_ran_out.expect("matched"))
             }
-            Some(h) => format!(
-                "No checklist item names a cause beyond that; for {}: {}.",
-                category_words(h.category, &h.stack),
-                remedies(h.category).first().copied().unwrap_or("")
-            ),
+            Some(h) => {
+                // Found but sized nothing (churn, a missing no_sync): said, so the sentence does not deny what the
+                // causes list shows.
+                let sizeless: Vec<&str> = causes
+                    .iter()
+                    .filter(|c| c.severity >= Severity::Warning && c.bytes.is_none())
+                    .map(|c| c.rule.as_str())
+                    .collect();
+                let beyond = if sizeless.is_empty() {
+                    "No checklist item names a cause beyond that".to_string()
+                } else {
+                    format!(
+                        "No checklist item explains the memory beyond that ({} found, explaining none of it)",
+                        sizeless.join(", ")
+                    )
+                };
+                format!(
+                    "{beyond}; for {}: {}.",
+                    category_words(h.category, &h.stack),
+                    remedies(h.category).first().copied().unwrap_or("")
+                )
+            }
         },
     };
     let summary = if second.is_empty() { first } else { format!("{first} {second}") };

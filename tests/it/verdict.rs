@@ -255,3 +255,12 @@ fn every_oom_gets_a_verdict_naming_what_holds_the_memory() {
     }
     assert!(ooms >= 20, "only {ooms} OOMs among the fixtures");
 }
+
+#[test]
+fn a_cause_found_that_explains_no_bytes_is_not_denied_by_the_summary() {
+    // kv-levels-0 runs out with segment churn listed (unsized) and no sized cause: the summary says churn was found.
+    let v = crate::common::analyze_json(&["fixtures/generated/growth/kv-levels-0.pickle"]);
+    let summary = v["devices"][0]["verdict"]["summary"].as_str().unwrap();
+    assert!(summary.contains("(segment-churn found, explaining none of it)"), "{summary}");
+    assert!(!summary.contains("No checklist item names a cause beyond that"), "{summary}");
+}
