@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use oomdoc::analysis::whatif;
 use oomdoc::job::{Job, JobOptions};
 use oomdoc::timeline::replay::Replay;
-use oomdoc::timeline::simulator::{self, Edit};
+use oomdoc::timeline::simulator;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -54,14 +54,14 @@ fn main() {
         (0..rounds)
             .map(|_| {
                 let t = Instant::now();
-                let w = whatif::workload(&replay, |_, _| Edit::Keep);
+                let w = simulator::Workload::from_trace(&replay);
                 let d = t.elapsed();
                 drop(w);
                 d
             })
             .collect(),
     );
-    let w = whatif::workload(&replay, |_, _| Edit::Keep);
+    let w = simulator::Workload::from_trace(&replay);
     let mut expandable = base.clone();
     expandable.rules.expandable = !base.rules.expandable;
     let mut split = base.clone();

@@ -5,9 +5,9 @@
 
 use serde::Serialize;
 
-use crate::timeline::replay::{Replay, Rules};
+use crate::timeline::replay::Replay;
 use crate::timeline::simulator::{self, Config, Edit, Outcome, Workload};
-use crate::timeline::{Action, DeviceTimeline, Event, Timeline};
+use crate::timeline::{Action, DeviceTimeline, Timeline};
 
 /// How much the allocator could hold, and where that figure comes from.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -162,7 +162,7 @@ fn words((a, s): (Action, u64)) -> String {
 pub fn validate(tl: &Timeline, dev: &DeviceTimeline, replay: &Replay, memory_cap: Option<u64>) -> Validation {
     let cap = capacity(tl, dev, replay, memory_cap, None);
     let cfg = recorded_config(tl, replay, &cap);
-    let w = Workload::from_trace(replay, |_, _| Edit::Keep);
+    let w = Workload::from_trace(replay);
     let out = simulator::simulate(&w, Config { follow_refusals: true, ..cfg.clone() }, true);
     let recorded = simulator::recorded_segment_events(&dev.events);
     let simulated: Vec<(Action, u64)> = out.segment_events.iter().map(|e| (e.action, e.size)).collect();
@@ -187,11 +187,6 @@ pub fn validate(tl: &Timeline, dev: &DeviceTimeline, replay: &Replay, memory_cap
         driver_refusals: out.refusals_followed,
         empty_cache_calls: out.empty_caches,
     }
-}
-
-/// Applies a workload edit to every recorded request.
-pub fn workload(replay: &Replay, edit: impl FnMut(u32, &Event) -> Edit) -> Workload {
-    Workload::from_trace(replay, edit)
 }
 
 /// One what-if's answer.
@@ -342,11 +337,6 @@ fn parse_divisions(v: &str) -> Option<Vec<(u64, u64)>> {
     Some(table.iter().enumerate().map(|(i, &d)| (1u64 << i, d)).collect())
 }
 
-/// The default config with no settings, for tests.
-pub fn plain_config(capacity: Option<u64>) -> Config {
-    Config { rules: Rules::default(), capacity, ..Default::default() }
-}
-
 /// How a category is scaled: by a factor, or the largest factor that fits (searched).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Scale {
@@ -463,7 +453,7 @@ pub fn run_device(
 ) -> Result<DeviceWhatIfs, String> {
     let cap = capacity(tl, dev, replay, memory_cap, plan.gpu_memory);
     let base = recorded_config(tl, replay, &cap);
-    let plain = workload(replay, |_, _| Edit::Keep);
+    let plain = Workload::from_trace(replay);
     let exact = !plain.rebuilt_start;
     let approximate = plain.rebuilt_start.then(|| {
         "the trace starts mid-run (its ring buffer wrapped, or recording began late): each simulation starts from \
@@ -473,17 +463,7 @@ pub fn run_device(
     let recorded = WhatIf::of("as recorded", &simulator::simulate(&plain, base.clone(), false), &base, exact);
     let mut whatif = Vec::new();
     if plan.is_empty() {
-        whatif = standard(&plain, &base, exact);
-        for w in whatif.iter_mut() {
-            // The standard knobs are settings: rerun the one change at the capacity's top.
-            let mut cfg = base.clone();
-            for part in w.change.split(' ').next().into_iter() {
-                if let Some((k, v)) = part.split_once(':') {
-                    let _ = apply_setting(&mut cfg, k, v);
-                }
-            }
-            w.settle(&cap, |most| simulator::simulate(&plain, Config { capacity: Some(most), ..cfg }, false));
-        }
+        whatif = standard(&plain, &base, &cap, exact);
     } else {
         let mut cfg = base.clone();
         for (k, v) in &plan.settings {
@@ -494,29 +474,24 @@ pub fn run_device(
             cfg.fraction_cap = false;
         }
         let mut cache = super::categories::CategoryCache::new(cats, tl);
-        let mut category: rustc_hash::FxHashMap<u32, &'static str> = Default::default();
-        let mut dropped: rustc_hash::FxHashMap<u32, bool> = Default::default();
-        let mut seen = vec![0usize; plan.scales.len()];
-        let mut any_dropped = vec![false; plan.drop_stacks.len()];
-        for e in dev.events.iter().filter(|e| e.action == Action::Alloc) {
-            let c = *category.entry(e.stack).or_insert_with(|| cache.of(e.stack));
-            for (i, (name, _)) in plan.scales.iter().enumerate() {
-                seen[i] += (c == name) as usize;
-            }
-            let d = *dropped.entry(e.stack).or_insert_with(|| {
-                let hits: Vec<bool> = plan.drop_stacks.iter().map(|p| stack_has(tl, e.stack, p)).collect();
-                hits.iter().enumerate().for_each(|(i, &h)| any_dropped[i] |= h);
-                hits.contains(&true)
-            });
-            let _ = d;
-        }
-        if let Some(i) = seen.iter().position(|&n| n == 0) {
+        let (cat_of, has) = request_categories(tl, dev, &mut cache);
+        if let Some((name, _)) = plan.scales.iter().find(|(name, _)| !category_index(name).is_some_and(|i| has[i])) {
             return Err(format!(
-                "--scale {}: no request in GPU {}'s trace is of that kind{}",
-                plan.scales[i].0,
+                "--scale {name}: no request in GPU {}'s trace is of that kind{}",
                 dev.device,
                 if tl.capture.trace_stacks { "" } else { " (the capture recorded no stacks to tell kinds apart)" }
             ));
+        }
+        // Per requesting stack: is it left out, and which scale applies (an index into the plan's).
+        let mut dropped = vec![false; cat_of.len()];
+        let mut any_dropped = vec![false; plan.drop_stacks.len()];
+        for (stack, _) in cat_of.iter().enumerate().filter(|(_, &c)| c != u8::MAX) {
+            for (i, p) in plan.drop_stacks.iter().enumerate() {
+                if stack_has(tl, stack as crate::timeline::stacks::StackId, p) {
+                    dropped[stack] = true;
+                    any_dropped[i] = true;
+                }
+            }
         }
         if let Some(i) = any_dropped.iter().position(|&h| !h) {
             return Err(format!(
@@ -524,69 +499,87 @@ pub fn run_device(
                 plan.drop_stacks[i], dev.device
             ));
         }
-        let run = |factor: Option<f64>| {
-            let w = workload(replay, |_, e| {
-                if dropped.get(&e.stack).copied().unwrap_or(false) {
+        let scale_of: Vec<Option<&Scale>> = cat_of
+            .iter()
+            .map(|&c| {
+                let name = super::categories::CATEGORIES.get(c as usize)?;
+                plan.scales.iter().find(|(n, _)| n == name).map(|(_, s)| s)
+            })
+            .collect();
+        // `factor`: what `--scale CATEGORY=auto` scales by in this run.
+        let sim = |factor: f64, capacity: Option<u64>| {
+            simulator::simulate_with(&plain, Config { capacity, ..cfg.clone() }, false, |stack, size| {
+                if dropped.get(stack as usize) == Some(&true) {
                     return Edit::Drop;
                 }
-                let c = category.get(&e.stack).copied().unwrap_or("unknown");
-                match plan.scales.iter().find(|(n, _)| n == c) {
-                    Some((_, Scale::By(f))) => Edit::Resize((e.size as f64 * f).round() as u64),
-                    Some((_, Scale::Largest)) => Edit::Resize((e.size as f64 * factor.unwrap_or(1.0)).round() as u64),
+                match scale_of.get(stack as usize).copied().flatten() {
+                    Some(Scale::By(f)) => Edit::Resize((size as f64 * f).round() as u64),
+                    Some(Scale::Largest) => Edit::Resize((size as f64 * factor).round() as u64),
                     None => Edit::Keep,
                 }
-            });
-            simulator::simulate(&w, cfg.clone(), false)
+            })
         };
+        let run = |factor: f64| sim(factor, cfg.capacity);
         let searching = plan.scales.iter().any(|(_, s)| *s == Scale::Largest);
         if searching && cfg.capacity.is_some() {
             let (mut lo, mut hi) = (0.0f64, 1.0f64);
             // Past 1× when it fits as recorded: how much larger it could be.
-            while run(Some(hi)).fits() && hi < 64.0 {
+            while run(hi).fits() && hi < 64.0 {
                 lo = hi;
                 hi *= 2.0;
             }
             for _ in 0..12 {
                 let mid = (lo + hi) / 2.0;
-                if run(Some(mid)).fits() {
+                if run(mid).fits() {
                     lo = mid
                 } else {
                     hi = mid
                 }
             }
-            let out = run(Some(lo));
+            let out = run(lo);
             let found = out.fits().then_some(lo);
             whatif.push(WhatIf::of(plan.words(found), &out, &cfg, exact));
         } else {
-            let mut w = WhatIf::of(plan.words(None), &run(None), &cfg, exact);
-            w.settle(&cap, |most| {
-                let mut cfg = cfg.clone();
-                cfg.capacity = Some(most);
-                let wl = workload(replay, |_, e| {
-                    if dropped.get(&e.stack).copied().unwrap_or(false) {
-                        return Edit::Drop;
-                    }
-                    let c = category.get(&e.stack).copied().unwrap_or("unknown");
-                    match plan.scales.iter().find(|(n, _)| n == c) {
-                        Some((_, Scale::By(f))) => Edit::Resize((e.size as f64 * f).round() as u64),
-                        _ => Edit::Keep,
-                    }
-                });
-                simulator::simulate(&wl, cfg, false)
-            });
+            let mut w = WhatIf::of(plan.words(None), &run(1.0), &cfg, exact);
+            w.settle(&cap, |most| sim(1.0, Some(most)));
             whatif.push(w);
         }
     }
     Ok(DeviceWhatIfs { device: dev.device, capacity: cap, recorded, whatif, approximate })
 }
 
+/// Each requesting stack's category, by stack id (an index into `CATEGORIES`; `u8::MAX` for a stack that made no
+/// request), and which categories made requests. A trace repeats a few thousand stacks a million times: each is
+/// classified once.
+fn request_categories(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    cats: &mut super::categories::CategoryCache,
+) -> (Vec<u8>, [bool; super::categories::CATEGORIES.len()]) {
+    let mut cat_of: Vec<u8> = vec![u8::MAX; tl.stacks.stack_count()];
+    let mut has = [false; super::categories::CATEGORIES.len()];
+    for e in dev.events.iter().filter(|e| e.action == Action::Alloc) {
+        let Some(slot) = cat_of.get_mut(e.stack as usize) else { continue };
+        if *slot == u8::MAX {
+            *slot = category_index(cats.of(e.stack)).unwrap_or(0) as u8;
+        }
+        has[*slot as usize] = true;
+    }
+    (cat_of, has)
+}
+
+fn category_index(c: &str) -> Option<usize> {
+    super::categories::CATEGORIES.iter().position(|&k| k == c)
+}
 /// The standard knobs, each alone: expandable segments, the best `max_split_size_mb`, rounding to power-of-two
 /// divisions, and (under a memory cap) garbage collection.
-fn standard(w: &Workload, base: &Config, exact: bool) -> Vec<WhatIf> {
+fn standard(w: &Workload, base: &Config, cap: &Capacity, exact: bool) -> Vec<WhatIf> {
     let mut out = Vec::new();
     let try_with = |change: String, cfg: Config| {
         let o = simulator::simulate(w, cfg.clone(), false);
-        WhatIf::of(change, &o, &cfg, exact)
+        let mut wi = WhatIf::of(change, &o, &cfg, exact);
+        wi.settle(cap, |most| simulator::simulate(w, Config { capacity: Some(most), ..cfg }, false));
+        wi
     };
     let mut cfg = base.clone();
     cfg.rules.expandable = !base.rules.expandable;
@@ -603,7 +596,9 @@ fn standard(w: &Workload, base: &Config, exact: bool) -> Vec<WhatIf> {
             }
         }
         if let Some((mb, _, o, cfg)) = best {
-            out.push(WhatIf::of(format!("max_split_size_mb:{mb} (the best of 64–4096)"), &o, &cfg, exact));
+            let mut wi = WhatIf::of(format!("max_split_size_mb:{mb} (the best of 64–4096)"), &o, &cfg, exact);
+            wi.settle(cap, |most| simulator::simulate(w, Config { capacity: Some(most), ..cfg }, false));
+            out.push(wi);
         }
     }
     let mut cfg = base.clone();
@@ -667,23 +662,13 @@ pub fn remedies(
     // No allocator setting packs the live tensors and the request into less than their sum: past the most the
     // process could hold, the settings are not tried.
     let settings_hopeless = need.is_some_and(|n| n > cap.at_most.or(cap.bytes).unwrap_or(u64::MAX));
-    // Each requesting stack's category (a few thousand stacks for a million events), by stack id.
-    let mut cat_of: Vec<u8> = vec![u8::MAX; tl.stacks.stack_count()];
-    let mut has = [false; super::categories::CATEGORIES.len()];
-    for e in dev.events.iter().filter(|e| e.action == Action::Alloc) {
-        let Some(slot) = cat_of.get_mut(e.stack as usize) else { continue };
-        if *slot == u8::MAX {
-            let c = cats.of(e.stack);
-            *slot = super::categories::CATEGORIES.iter().position(|&k| k == c).unwrap_or(0) as u8;
-        }
-        has[*slot as usize] = true;
-    }
-    let index = |c: &str| super::categories::CATEGORIES.iter().position(|&k| k == c);
+    let (cat_of, has) = request_categories(tl, dev, cats);
+    let index = category_index;
     let is = |stack: crate::timeline::stacks::StackId, c: usize| cat_of.get(stack as usize) == Some(&(c as u8));
     let scalable =
         holder.filter(|c| ["activation", "temporary", "kv_cache"].contains(c)).and_then(index).filter(|&i| has[i]);
     let leak: rustc_hash::FxHashSet<_> = leak.iter().copied().collect();
-    let plain = workload(replay, |_, _| Edit::Keep);
+    let plain = Workload::from_trace(replay);
     let exact = !plain.rebuilt_start;
     let sim = |knob: Knob, capacity: Option<u64>| -> (Outcome, Config) {
         let mut cfg = base.clone();

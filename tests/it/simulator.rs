@@ -276,3 +276,13 @@ fn the_html_marks_the_pinning_blocks_and_the_worst_moment() {
     assert!(html.contains(">most fragmented</text>"));
     assert!(html.contains("live blocks pinning free memory"));
 }
+
+#[test]
+fn a_state_only_dump_has_nothing_to_replay_and_says_so() {
+    // torch wrote the final segments and no trace: there are no requests to replay.
+    for input in ["fixtures/real/docubox-stateonly.pickle", "fixtures/real/attention-stateonly-frag.pickle"] {
+        let out = oomdoc(&["whatif", input, "--no-progress"]);
+        assert_eq!(out.status.code(), Some(2), "{input}");
+        assert!(crate::common::stderr(&out).contains("no input holds an allocator trace"), "{input}");
+    }
+}

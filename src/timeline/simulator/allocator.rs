@@ -354,11 +354,9 @@ impl Allocator {
     }
 
     /// `malloc` where the driver is known to have refused the first new segment (the trace shows the allocator
-    /// freeing its cache before making one): the first try fails whatever the capacity. Returns the block and the
-    /// bytes the refused segment would have brought the reservation to.
-    pub fn malloc_refused(&mut self, size: u64, stream: u64, pool_id: (i64, i64)) -> (Option<u32>, u64) {
-        let asked = self.reserved + Config::segment_size(self.cfg.rules.round(size));
-        (self.malloc_with(size, stream, pool_id, true), asked)
+    /// freeing its cache before making one): the first try fails whatever the capacity.
+    pub fn malloc_refused(&mut self, size: u64, stream: u64, pool_id: (i64, i64)) -> Option<u32> {
+        self.malloc_with(size, stream, pool_id, true)
     }
 
     /// Whether a cached block would serve the request as it stands.
@@ -807,16 +805,6 @@ impl Allocator {
         self.pools[pool].unmapped.insert(uk, b);
         self.reserved -= end - begin;
         self.event(Action::SegmentUnmap, end - begin);
-    }
-
-    /// Free bytes cached in segments (reserved but not allocated).
-    pub fn cached_free(&self) -> u64 {
-        self.reserved - self.allocated.min(self.reserved)
-    }
-
-    /// The largest cached free block.
-    pub fn largest_free_block(&self) -> u64 {
-        self.pools.iter().flat_map(|p| p.blocks.keys().map(|&k| key_size(k))).max().unwrap_or(0)
     }
 }
 

@@ -26,9 +26,6 @@ pub struct Outcome {
     pub allocated_at_end: u64,
     /// The segment changes, when asked for.
     pub segment_events: Vec<SegmentEvent>,
-    /// Where the driver refused a new segment (followed from the trace): the reservation the segment would have
-    /// made, the least of them. The capacity was below it.
-    pub refused_at: Option<u64>,
     /// How many requests met a refusal taken from the trace, and how many releases were told to be the program's
     /// empty_cache because the cache could have served the next request.
     pub refusals_followed: usize,
@@ -81,9 +78,7 @@ pub fn simulate_with(
                         a.malloc(size, stream, pool)
                     } else if a.config().follow_refusals {
                         out.refusals_followed += 1;
-                        let (got, asked) = a.malloc_refused(size, stream, pool);
-                        out.refused_at = Some(out.refused_at.map_or(asked, |r: u64| r.min(asked)));
-                        got
+                        a.malloc_refused(size, stream, pool)
                     } else {
                         a.malloc(size, stream, pool)
                     }

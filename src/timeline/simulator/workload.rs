@@ -5,7 +5,7 @@ use rustc_hash::FxHashMap;
 
 use crate::timeline::replay::{Replay, State};
 use crate::timeline::stacks::StackId;
-use crate::timeline::{Action, BlockState, Event, PoolKind};
+use crate::timeline::{Action, BlockState, PoolKind};
 
 use super::allocator::{Allocator, Config};
 
@@ -98,8 +98,9 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Reads the workload from a replayed trace, applying `edit` to each recorded request (by event index).
-    pub fn from_trace(replay: &Replay, mut edit: impl FnMut(u32, &Event) -> Edit) -> Workload {
+    /// Reads the workload from a replayed trace (edits apply per request in the simulation:
+    /// [`super::simulate_with`]).
+    pub fn from_trace(replay: &Replay) -> Workload {
         let dev = replay.device();
         let rebuilt_start = !replay.complete();
         let start_state = if rebuilt_start { replay.state_at(None) } else { State::default() };
@@ -138,35 +139,26 @@ impl Workload {
         }
         w.first_id = next_id;
         let events = &dev.events;
-        let mut dropped: rustc_hash::FxHashSet<u64> = Default::default();
         let mut i = 0;
         while i < events.len() {
             let e = &events[i];
             let at = i as u32;
             let attrs = dev.attrs(e);
             match e.action {
-                Action::Alloc => match edit(at, e) {
-                    Edit::Drop => {
-                        dropped.insert(e.addr);
-                    }
-                    edit => {
-                        dropped.remove(&e.addr);
-                        let size = if let Edit::Resize(s) = edit { s } else { e.size };
-                        live.insert(e.addr, next_id);
-                        w.ops.push(Op::Alloc {
-                            id: next_id,
-                            size,
-                            stream: rank[&attrs.stream],
-                            pool: attrs.pool_id().unwrap_or((0, 0)),
-                            event: at,
-                            stack: e.stack,
-                        });
-                        next_id += 1;
-                    }
-                },
+                Action::Alloc => {
+                    live.insert(e.addr, next_id);
+                    w.ops.push(Op::Alloc {
+                        id: next_id,
+                        size: e.size,
+                        stream: rank[&attrs.stream],
+                        pool: attrs.pool_id().unwrap_or((0, 0)),
+                        event: at,
+                        stack: e.stack,
+                    });
+                    next_id += 1;
+                }
                 Action::FreeCompleted => match live.remove(&e.addr) {
                     Some(id) => w.ops.push(Op::Free { id, event: at }),
-                    None if dropped.remove(&e.addr) => {}
                     None => w.unmatched_frees += 1,
                 },
                 Action::SegmentAlloc => addresses.entry(e.size).or_default().push(e.addr),
