@@ -918,13 +918,20 @@ def allocator_settings():
             K["roundup_power2_divisions"]: {}}
 
 
+EXTRA_KEY = None
+
+
 def trace_entry(tr, i, objs, frames=None):
     # torch builds the compile context string afresh for every entry (pickle then writes and memoizes it each time);
     # the empty user metadata is CPython's one empty string.
     ctx = "".join(("N/", "A")) if objs.fresh_lists else V_NA
-    return {K["action"]: ACTIONS[tr.action[i]], K["addr"]: tr.addr[i], K["size"]: tr.size[i], K["stream"]: 0,
-            K["time_us"]: tr.time[i], K["compile_context"]: ctx, K["user_metadata"]: V_EMPTY,
-            K["frames"]: objs.stack(tr.stack[i]) if frames is None else frames}
+    e = {K["action"]: ACTIONS[tr.action[i]], K["addr"]: tr.addr[i], K["size"]: tr.size[i], K["stream"]: 0,
+         K["time_us"]: tr.time[i], K["compile_context"]: ctx, K["user_metadata"]: V_EMPTY,
+         K["frames"]: objs.stack(tr.stack[i]) if frames is None else frames}
+    if EXTRA_KEY:
+        # A key a future torch might add: a str that differs on every entry, before the frames as torch orders them.
+        e = {**{k: v for k, v in e.items() if k != K["frames"]}, EXTRA_KEY: "v%d" % i, K["frames"]: e[K["frames"]]}
+    return e
 
 
 def trace_entries(tr, objs):
@@ -1480,7 +1487,7 @@ def verify(path):
 
 
 def main():
-    global STACK_DEPTH, PYTHON_STACKS
+    global STACK_DEPTH, PYTHON_STACKS, EXTRA_KEY
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--entries", type=int)
     ap.add_argument("--variant", choices=["real", "shared", "unshared"])
@@ -1496,6 +1503,9 @@ def main():
     ap.add_argument("--wrap", type=float, default=0.0, metavar="FRACTION",
                     help="a ring buffer that wrapped: the run is longer than the trace kept by this fraction of it "
                          "(0.5: the trace is the second half of the run), as max_entries makes on any long run")
+    ap.add_argument("--extra-key", metavar="NAME",
+                    help="add a key no torch writes to every trace entry, its value a str that differs on each "
+                         "(for the reader's test that such a drift is caught)")
     ap.add_argument("--verify", metavar="PICKLE", help="load a generated file and check it")
     ap.add_argument("--selftest", action="store_true", help="stream writer == pickle.dump, byte for byte")
     a = ap.parse_args()
@@ -1514,6 +1524,9 @@ def main():
     if not 16 <= a.depth <= 38:
         ap.error("--depth must be within 16..38")
     STACK_DEPTH = a.depth
+    EXTRA_KEY = a.extra_key
+    if EXTRA_KEY and a.variant == "unshared":
+        ap.error("--extra-key needs the pickle writer (--variant real or shared)")
     d = os.path.dirname(os.path.abspath(a.output))
     os.makedirs(d, exist_ok=True)
     if not 0 <= a.wrap < 0.95:

@@ -209,6 +209,9 @@ impl Job {
                                     t0.elapsed().as_secs_f64(),
                                     peak_rss()
                                 );
+                                if let Some(routes) = tl.read_routes {
+                                    eprintln!("oomdoc: {routes}");
+                                }
                                 if let Some((records, from, to)) = tl.split_read {
                                     eprintln!(
                                         "oomdoc: a helper thread read {records} trace entries, bytes {from}..{to} of {}",

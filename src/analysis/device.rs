@@ -7,7 +7,7 @@ use rustc_hash::FxHashMap;
 use super::*;
 use crate::timeline::replay::{Replay, State};
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
-use crate::timeline::{Action, BlockState, DeviceTimeline, PoolKind, Timeline};
+use crate::timeline::{Action, BlockState, DeviceTimeline, OomLimit, PoolKind, Timeline};
 use crate::units::{bytes, duration_us};
 
 pub(super) fn analyze_device<'t>(
@@ -29,14 +29,21 @@ pub(super) fn analyze_device<'t>(
     let oom_count = events.iter().filter(|e| e.action == Action::Oom).count();
     let last = (!events.is_empty()).then(|| events.len() as u32 - 1);
     let mut past_end = None;
+    // A request the allocator rejected under its fraction cap leaves no `oom` entry: the log says it, and the
+    // snapshot (written from the exception) ends there.
+    let rejected = last_oom.is_none()
+        && !events.is_empty()
+        && observed::last_oom_message(tl, dev.device).is_some_and(|m| m.limit == Some(OomLimit::FractionRejected));
     let (moment, idx): (Moment, Option<u32>) = match &opts.at {
         At::Auto => match last_oom {
             Some(i) => (Moment::Oom, Some(i)),
+            None if rejected => (Moment::Oom, last),
             None if events.is_empty() => (Moment::End, None),
             None => (Moment::Peak, replay.peak_allocated.1),
         },
         At::Oom => match last_oom {
             Some(i) => (Moment::Oom, Some(i)),
+            None if rejected => (Moment::Oom, last),
             None => return Err(AnalysisError::NoOom(dev.device)),
         },
         At::Peak => (Moment::Peak, replay.peak_allocated.1),
@@ -126,7 +133,14 @@ fn device_report(
     let state = if events.is_empty() { State::from_segments(&dev.segments) } else { replay.state_at(idx) };
     let time_us = idx.and_then(|i| events[i as usize].time_us());
     let free_by_pool = free_by_pool(&state);
-    let oom = (moment == Moment::Oom).then_some(idx).flatten().map(|i| oom_report(tl, dev, i, &free_by_pool));
+    let oom = match (moment, idx) {
+        (Moment::Oom, Some(i)) if events[i as usize].action == Action::Oom => {
+            Some(oom_report(tl, dev, i, &free_by_pool))
+        }
+        // A rejection under the fraction cap (see `analyze_device`): the log's message is the OOM, at the trace's end.
+        (Moment::Oom, _) => observed::last_oom_message(tl, dev.device).map(observed::message_oom),
+        _ => None,
+    };
     let seen = idx.map_or(0, |i| i as usize + 1);
     let end = || replay.state_at(events.len().checked_sub(1).map(|i| i as u32));
     let attribution = attribution::attribute(tl, dev, &state, seen, end, cats);
@@ -236,6 +250,8 @@ fn oom_report(tl: &Timeline, dev: &DeviceTimeline, i: u32, free_by_pool: &[PoolF
         source: OomSource::Snapshot,
         requested_bytes: Some(e.size),
         device_free_bytes: dev.attrs(e).device_free(),
+        device_free_estimated: tl.capture.backend == crate::timeline::Backend::Xpu
+            && dev.attrs(e).device_free().is_some(),
         time_us: e.time_us(),
         event_index: Some(i),
         stream: Some(dev.attrs(e).stream),
@@ -466,12 +482,31 @@ fn notes(
         .filter(|(n, _)| *n > 0)
         .map(|(n, what)| format!("{n} {what}"))
         .collect();
+        // Newest torch says outright whether the ring buffer wrapped, for every device (-1) or for each.
+        let said = tl.capture.ring_overflowed.iter().find(|(d, _)| *d == dev.device || *d == -1).map(|&(_, w)| w);
+        let max_entries = tl.capture.ring_max_entries.map_or(String::new(), |n| format!(", max_entries {n}"));
+        let why = match said {
+            Some(true) => format!("the ring buffer wrapped (the file says so: trace_alloc_overflowed{max_entries})"),
+            Some(false) => "recording started late (the ring buffer did not wrap, the file says)".to_string(),
+            None => "the ring buffer wrapped, or recording started late".to_string(),
+        };
+        let advice = match said {
+            Some(false) => "Start _record_memory_history before the model is built to see the whole run.",
+            _ => "Raise max_entries in _record_memory_history to keep more.",
+        };
         notes.push(format!(
-            "The trace does not reach back to the start of the program ({}): the ring buffer wrapped, or \
-             recording started late. The state before its first event was rebuilt from the file's final \
-             segments; the peak is the peak within the trace. Raise max_entries in _record_memory_history to keep \
-             more.",
+            "The trace does not reach back to the start of the program ({}): {why}. The state before its first \
+             event was rebuilt from the file's final segments; the peak is the peak within the trace. {advice}",
             parts.join(", ")
+        ));
+    }
+    if tl.capture.workspace_entries > 0 {
+        notes.push(format!(
+            "{} trace entries of torch_npu's workspace allocator, which it puts ahead of each device's trace, were \
+             set apart, with its segments ({}): the replay follows the caching allocator alone, in time order, and \
+             the workspace's memory counts as held outside it.",
+            tl.capture.workspace_entries,
+            bytes(tl.capture.workspace_bytes)
         ));
     }
     // What the capture lacked, said as its cause with the setting that fixes it; the categories of these blocks

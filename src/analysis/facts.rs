@@ -384,6 +384,7 @@ pub fn compute(cx: &Context, ev: &EventFacts, leaks: impl FnOnce() -> LeakPass) 
 
     // Memory outside PyTorch.
     super::observed::outside_pytorch_facts(&mut f, r, cx.gpu_memory, cx.memory_cap);
+    super::observed::backend_facts(&mut f, r, Some(cx.tl.capture.backend));
     f.map.extend(ev.facts.map.iter().map(|(k, v)| (k.clone(), v.clone())));
     if events.is_empty() {
         return f;

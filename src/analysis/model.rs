@@ -265,6 +265,10 @@ pub struct OomReport {
     pub requested_bytes: Option<u64>,
     /// What the driver reported free on the GPU at the failure.
     pub device_free_bytes: Option<u64>,
+    /// The free figure may be the allocator's estimate (total − reserved), not the driver's: XPU writes that when its
+    /// runtime cannot tell.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub device_free_estimated: bool,
     pub time_us: Option<i64>,
     pub event_index: Option<u32>,
     pub stream: Option<u64>,

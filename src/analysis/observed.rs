@@ -6,7 +6,7 @@ use serde::Serialize;
 use super::facts::{Facts, Unit};
 use super::{DeviceReport, Moment, OomReport, OomSource, ReportSource, Totals, TraceReport};
 use crate::timeline::replay::Replay;
-use crate::timeline::{DeviceTimeline, GpuProcess, OomMessage, Timeline};
+use crate::timeline::{Backend, DeviceTimeline, GpuProcess, OomMessage, Timeline};
 
 /// What a CUDA context alone takes outside PyTorch with lazy module loading (CUDA ≥ 11.7: 300–600 MiB): unavoidable,
 /// so never the memory that decided an OOM.
@@ -145,19 +145,13 @@ pub fn other_gpu(dev: &DeviceTimeline) -> OtherGpu {
     }
 }
 
-/// The report of a GPU only text artifacts describe: its OOM message and what nvidia-smi saw. `snapshot_gpus`: the
-/// GPUs the input's snapshots hold (none without a snapshot); beside them, an OOM of this GPU is said as unmatched.
-pub fn text_only_report(tl: &Timeline, device: i64, snapshot_gpus: &[i64]) -> DeviceReport {
-    let empty = DeviceTimeline { device, ..Default::default() };
-    let dev = tl.device(device).unwrap_or(&empty);
-    let msg = last_oom_message(tl, device);
-    let allocated = msg.and_then(|m| m.allocated_bytes).unwrap_or(0);
-    let reserved = msg.and_then(|m| m.reserved_bytes).unwrap_or(0);
-    let unallocated = msg.and_then(|m| m.reserved_unallocated_bytes).unwrap_or(reserved.saturating_sub(allocated));
-    let oom = msg.map(|m| OomReport {
+/// An OOM as a log message tells it, with no allocator state behind it.
+pub fn message_oom(m: &OomMessage) -> OomReport {
+    OomReport {
         source: OomSource::Log,
         requested_bytes: m.requested_bytes,
         device_free_bytes: m.free_bytes,
+        device_free_estimated: m.device_type == "XPU",
         time_us: m.time_us,
         event_index: None,
         stream: None,
@@ -168,7 +162,19 @@ pub fn text_only_report(tl: &Timeline, device: i64, snapshot_gpus: &[i64]) -> De
         stack: m.user_frame.iter().cloned().collect(),
         culprit: m.user_frame.clone().unwrap_or_default(),
         message: Some(m.clone()),
-    });
+    }
+}
+
+/// The report of a GPU only text artifacts describe: its OOM message and what nvidia-smi saw. `snapshot_gpus`: the
+/// GPUs the input's snapshots hold (none without a snapshot); beside them, an OOM of this GPU is said as unmatched.
+pub fn text_only_report(tl: &Timeline, device: i64, snapshot_gpus: &[i64]) -> DeviceReport {
+    let empty = DeviceTimeline { device, ..Default::default() };
+    let dev = tl.device(device).unwrap_or(&empty);
+    let msg = last_oom_message(tl, device);
+    let allocated = msg.and_then(|m| m.allocated_bytes).unwrap_or(0);
+    let reserved = msg.and_then(|m| m.reserved_bytes).unwrap_or(0);
+    let unallocated = msg.and_then(|m| m.reserved_unallocated_bytes).unwrap_or(reserved.saturating_sub(allocated));
+    let oom = msg.map(message_oom);
     let oom_count = tl.ooms.iter().filter(|o| o.device.unwrap_or(0) == device).count();
     let unmatched = msg.is_some() && !snapshot_gpus.is_empty();
     let mut notes = Vec::new();
@@ -251,11 +257,21 @@ fn text_only_facts(r: &DeviceReport) -> Facts {
         }
     }
     outside_pytorch_facts(&mut f, r, None, None);
+    backend_facts(&mut f, r, None);
     f
 }
 
 fn kind_name(m: &OomMessage) -> String {
     serde_json::to_value(m.kind).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+}
+
+/// The backend this GPU ran (the snapshot's, else what its OOM message names) and the variable that configures its
+/// allocator: what a fix must name.
+pub fn backend_facts(f: &mut Facts, r: &DeviceReport, snapshot: Option<Backend>) {
+    let said = r.oom.as_ref().and_then(|o| o.message.as_ref()).and_then(|m| Backend::of_message(&m.device_type));
+    let backend = snapshot.filter(|&b| b != Backend::Cuda).or(said).unwrap_or_default();
+    f.text("backend", backend.name(), "the accelerator's allocator: CUDA, ROCm, XPU or NPU");
+    f.text("alloc_conf_var", backend.alloc_conf_var(), "the environment variable that configures that allocator");
 }
 
 /// The GPU's capacity and the memory outside PyTorch's cache, from the best source there is:
@@ -280,6 +296,17 @@ pub fn outside_pytorch_facts(f: &mut Facts, r: &DeviceReport, gpu_memory: Option
     };
     if let Some(a) = allowed {
         f.num("oom.allowed_bytes", a as f64, Unit::Bytes, allowed_doc);
+    }
+    if let Some(limit) = msg.and_then(|m| m.limit) {
+        f.text(
+            "oom.allocator_limit",
+            limit.name(),
+            "the allocator's own limit the message says refused the request: fraction_rejected, expandable_reserve, \
+             address_space",
+        );
+    }
+    if let Some(b) = msg.and_then(|m| m.reserve_bytes) {
+        f.num("oom.expandable_reserve_bytes", b as f64, Unit::Bytes, "the stream's expandable-segment reserve");
     }
     let requested = r.oom.as_ref().and_then(|o| o.requested_bytes);
     if let (Some(req), Some(limit)) = (requested, allowed.or(total)) {

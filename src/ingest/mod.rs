@@ -12,6 +12,7 @@ pub mod read_ahead;
 pub mod reader;
 pub mod snapshot;
 mod snapshot_file;
+pub mod snapshot_keys;
 pub mod text;
 pub mod unpack;
 pub mod vllm_log;

@@ -33,7 +33,7 @@ use std::sync::OnceLock;
 use regex::Regex;
 
 use super::text::{find_stamp, lines, parse_size, split_rank_prefix, strip_log_prefix};
-use crate::timeline::{Malformed, OomKind, OomMessage, Stamp};
+use crate::timeline::{Malformed, OomKind, OomLimit, OomMessage, Stamp};
 
 /// What reading a log gave.
 #[derive(Debug, Default)]
@@ -260,6 +260,9 @@ fn read_message(m: &str, first_line: &str) -> Option<OomMessage> {
     static RUNTIME: OnceLock<Regex> = OnceLock::new();
     static DEVTYPE: OnceLock<Regex> = OnceLock::new();
     static TRUNCATED: OnceLock<Regex> = OnceLock::new();
+    static REJECTED: OnceLock<Regex> = OnceLock::new();
+    static ACTIVE_OLD: OnceLock<Regex> = OnceLock::new();
+    static RESERVE: OnceLock<Regex> = OnceLock::new();
 
     let (w, at) = squeeze(m);
     let mut f = Fields { w: &w, end: 0 };
@@ -282,6 +285,9 @@ fn read_message(m: &str, first_line: &str) -> Option<OomMessage> {
         allowed_bytes: None,
         private_pool_bytes: None,
         device_type: "CUDA".into(),
+        limit: None,
+        reserve_bytes: None,
+        active_bytes: None,
         exception: exception(first_line),
         generation: None,
         hint: None,
@@ -300,7 +306,15 @@ fn read_message(m: &str, first_line: &str) -> Option<OomMessage> {
         o.device_type = "HIP".into();
     }
 
-    if w.contains("Triedtoallocate") {
+    if w.contains("preemptivelyrejected") {
+        // torch ≥ 2.12 with per_process_memory_fraction and throw_on_cudamalloc_oom: the allocator refuses a
+        // request that would pass the cap before asking the driver.
+        o.kind = OomKind::Allocator;
+        o.limit = Some(OomLimit::FractionRejected);
+        o.generation = Some("≥2.12");
+        o.requested_bytes = f.size(&REJECTED, r"Requestedsize:{S}");
+        f.end = f.end.max(w.find("limit.").map_or(0, |p| p + "limit.".len()));
+    } else if w.contains("Triedtoallocate") {
         o.kind = OomKind::Allocator;
         if let Some(c) = re(&REQ_EB, r"Triedtoallocatemorethan1EBmemory").find(&w) {
             // c10 checks `size < one_exa_bytes` with one_exa_bytes = 2^60 before it allocates.
@@ -310,12 +324,14 @@ fn read_message(m: &str, first_line: &str) -> Option<OomMessage> {
         } else {
             o.requested_bytes = f.size(&REQ, r"Triedtoallocate{S}");
         }
-        let gpu_old = re(&GPU_OLD, r"\(GPU(\d+);").captures(&w);
+        // torch_npu keeps the 1.4–2.0 layout, with `NPU n;` and a "current active" figure.
+        let gpu_old = re(&GPU_OLD, r"\((?:GPU|NPU)(\d+);").captures(&w);
         if gpu_old.is_some() || w.contains("totalcapacity;") {
             o.device = gpu_old.and_then(|c| c[1].parse().ok());
             o.total_bytes = f.size(&TOTAL_OLD, r"{S}totalcapacity");
             o.allocated_bytes = f.size(&ALLOC_OLD, r"{S}alreadyallocated");
             o.free_bytes = f.size(&FREE_OLD, r";{S}free");
+            o.active_bytes = f.size(&ACTIVE_OLD, r";{S}currentactive;");
             o.allowed_bytes = f.size(&ALLOWED, r"{S}allowed;");
             o.reserved_bytes = f.size(&RES_OLD, r"{S}reservedintotalbyPyTorch");
             o.generation = Some("1.4–2.0");
@@ -366,6 +382,18 @@ fn read_message(m: &str, first_line: &str) -> Option<OomMessage> {
             _ => None,
         };
         o.hint = hint(m, &w, &at, &mut f.end);
+        // torch ≥ 2.16 with expandable segments: the per-stream reserve of virtual addresses, not the GPU, ran out.
+        if w.contains("expandable-segmentreserve") {
+            o.limit = Some(OomLimit::ExpandableReserve);
+            o.reserve_bytes = f.size(&RESERVE, r"expandable-segmentreserveof{S}");
+        } else if w.contains("expandable_segments_reserve")
+            && (w.contains("virtualaddress") || w.contains("over-reserved") || w.contains("reduceit"))
+        {
+            o.limit = Some(OomLimit::AddressSpace);
+        }
+        if o.limit.is_some() {
+            f.end = w.len();
+        }
     } else if m.contains("CUBLAS_STATUS_ALLOC_FAILED") {
         o.kind = OomKind::CublasAllocFailed;
         f.end = w.find("CUBLAS_STATUS_ALLOC_FAILED").map_or(0, |p| p + 26);
@@ -406,7 +434,7 @@ fn read_message(m: &str, first_line: &str) -> Option<OomMessage> {
                 f.end = f.end.max(p + tail.len());
             }
         }
-    } else if let Some(c) = re(&TRUNCATED, r"\b(?:CUDA|HIP|XPU) out of memory\.?").find(m) {
+    } else if let Some(c) = re(&TRUNCATED, r"\b(?:CUDA|HIP|XPU|NPU) out of memory\.?").find(m) {
         // The caching allocator's message with its figures cut off: an OOM, but a malformed one.
         o.kind = OomKind::Allocator;
         f.end = at.iter().position(|&p| p >= c.end()).unwrap_or(w.len());
@@ -427,10 +455,13 @@ fn hint(m: &str, w: &str, at: &[usize], end: &mut usize) -> Option<String> {
     let start = w[*end..].find("Ifreserved").map(|p| p + *end)?;
     // It ends with the docs link (≥ 2.2) or with the env variable's name (1.10–2.1).
     // (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` inside the ≥ 2.2 hint is not its end.)
-    let link = w[start..].find("environment-variables)").map(|p| start + p + "environment-variables)".len());
+    // Any anchor of the CUDA notes page: `#environment-variables` (2.2–2.x), `#optimizing-memory-usage-…` (newest).
+    let link = w[start..].find("cuda.html#").and_then(|p| w[start + p..].find(')').map(|q| start + p + q + 1));
     let conf =
         w[start..].match_indices("ALLOC_CONF").map(|(p, k)| start + p + k.len()).find(|&e| !w[e..].starts_with('='));
-    let stop = [link, conf].into_iter().flatten().min().unwrap_or(w.len());
+    // torch_npu's hint ends the message at its full stop.
+    let npu = w[start..].find("avoidfragmentation.").map(|p| start + p + "avoidfragmentation.".len());
+    let stop = [link, conf].into_iter().flatten().min().or(npu).unwrap_or(w.len());
     *end = stop;
     let (a, b) = (at[start], at.get(stop).copied().unwrap_or(m.len()).min(m.len()));
     Some(m[a..b].split_whitespace().collect::<Vec<_>>().join(" "))

@@ -6,132 +6,17 @@
 use std::io::Read;
 
 use super::pickle::{self, dict_get, holds_gap, Builder, Value, GAP};
+use super::snapshot_keys::{intern_keys, k, KeySet};
 use crate::timeline::stacks::{Frame, FrameId, StackId, Stacks, StrId, Strings, EMPTY_STACK};
+use crate::timeline::Backend;
 use crate::timeline::{
-    Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTimeline, Event, EventAttrTable, EventAttrs,
-    PoolKind, Segment, Timeline, NO_STR,
+    Action, AllocatorSettings, Annotation, Block, BlockState, CaptureInfo, DeviceTimeline, Event, EventAttrTable,
+    EventAttrs, PoolKind, ReadRoutes, Segment, Timeline, NO_STR,
 };
 
 const FRAME: u8 = 1;
 const STACK: u8 = 2;
 const TRACE: u8 = 3;
-
-/// Every key (and action name) the reader looks for, interned first into a fresh string table so that its id is
-/// its index here: matching a key is then a `match` on a constant.
-const KEY_NAMES: [&str; 50] = [
-    "filename",
-    "name",
-    "line",
-    "action",
-    "addr",
-    "size",
-    "stream",
-    "device_free",
-    "time_us",
-    "frames",
-    "compile_context",
-    "user_metadata",
-    "pool_id",
-    "segments",
-    "device_traces",
-    "allocator_settings",
-    "external_annotations",
-    "host_segments",
-    "host_traces",
-    "device",
-    "address",
-    "total_size",
-    "allocated_size",
-    "active_size",
-    "requested_size",
-    "segment_type",
-    "segment_pool_id",
-    "is_expandable",
-    "blocks",
-    "state",
-    "history",
-    "stage",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "expandable_segments",
-    "max_split_size",
-    "garbage_collection_threshold",
-    "roundup_power2_divisions",
-    "max_cached_size",
-    "small",
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "snapshot",
-    "oom",
-    "annotate",
-    "internal_metadata",
-];
-
-#[allow(dead_code)]
-mod k {
-    use crate::timeline::stacks::StrId;
-    pub const FILENAME: StrId = 0;
-    pub const NAME: StrId = 1;
-    pub const LINE: StrId = 2;
-    pub const ACTION: StrId = 3;
-    pub const ADDR: StrId = 4;
-    pub const SIZE: StrId = 5;
-    pub const STREAM: StrId = 6;
-    pub const DEVICE_FREE: StrId = 7;
-    pub const TIME_US: StrId = 8;
-    pub const FRAMES: StrId = 9;
-    pub const COMPILE_CONTEXT: StrId = 10;
-    pub const USER_METADATA: StrId = 11;
-    pub const POOL_ID: StrId = 12;
-    pub const SEGMENTS: StrId = 13;
-    pub const DEVICE_TRACES: StrId = 14;
-    pub const ALLOCATOR_SETTINGS: StrId = 15;
-    pub const EXTERNAL_ANNOTATIONS: StrId = 16;
-    pub const HOST_SEGMENTS: StrId = 17;
-    pub const HOST_TRACES: StrId = 18;
-    pub const DEVICE: StrId = 19;
-    pub const ADDRESS: StrId = 20;
-    pub const TOTAL_SIZE: StrId = 21;
-    pub const ALLOCATED_SIZE: StrId = 22;
-    pub const ACTIVE_SIZE: StrId = 23;
-    pub const REQUESTED_SIZE: StrId = 24;
-    pub const SEGMENT_TYPE: StrId = 25;
-    pub const SEGMENT_POOL_ID: StrId = 26;
-    pub const IS_EXPANDABLE: StrId = 27;
-    pub const BLOCKS: StrId = 28;
-    pub const STATE: StrId = 29;
-    pub const HISTORY: StrId = 30;
-    pub const STAGE: StrId = 31;
-    pub const ALLOC_CONF: StrId = 32;
-    pub const EXPANDABLE_SEGMENTS: StrId = 33;
-    pub const MAX_SPLIT_SIZE: StrId = 34;
-    pub const GC_THRESHOLD: StrId = 35;
-    pub const ROUNDUP: StrId = 36;
-    pub const MAX_CACHED_SIZE: StrId = 37;
-    pub const SMALL: StrId = 38;
-    pub const A_ALLOC: StrId = 39;
-    pub const A_FREE_REQUESTED: StrId = 40;
-    pub const A_FREE_COMPLETED: StrId = 41;
-    pub const A_SEGMENT_ALLOC: StrId = 42;
-    pub const A_SEGMENT_FREE: StrId = 43;
-    pub const A_SEGMENT_MAP: StrId = 44;
-    pub const A_SEGMENT_UNMAP: StrId = 45;
-    pub const A_SNAPSHOT: StrId = 46;
-    pub const A_OOM: StrId = 47;
-    pub const A_ANNOTATE: StrId = 48;
-    pub const INTERNAL_METADATA: StrId = 49;
-}
-
-fn intern_keys(s: &mut Strings) {
-    for (i, name) in KEY_NAMES.iter().enumerate() {
-        let id = s.intern(name);
-        debug_assert_eq!(id as usize, i, "keys must be interned first");
-    }
-}
 
 fn action_of(id: StrId) -> Action {
     match id {
@@ -145,6 +30,7 @@ fn action_of(id: StrId) -> Action {
         k::A_SNAPSHOT => Action::Snapshot,
         k::A_OOM => Action::Oom,
         k::A_ANNOTATE => Action::Annotate,
+        k::A_WORKSPACE_SNAPSHOT => Action::WorkspaceSnapshot,
         _ => Action::Unknown,
     }
 }
@@ -161,20 +47,23 @@ struct SnapshotBuilder {
     open: bool,
     rec_attrs: EventAttrs,
     /// The keys seen before the open record began: what a given-up record must not leave behind.
-    seen_before: Seen,
+    seen_before: KeySet,
     /// The id of `events[0]`: 0, or on a fork the records read before it.
     first_event: u32,
     /// On a fork (a helper reading a later part of the trace): what it started from, and what it has kept.
     fork: Option<Fork>,
+    /// Trace entries the generic pickle machine handed over whole (neither fast route could read them).
+    generic: u64,
 }
 
 /// A fork's bounds: it may make nothing that the builder it came from could make meanwhile.
 struct Fork {
-    frames: usize,
-    stacks: usize,
-    attrs: usize,
+    /// The sizes of the interned tables when it began: a batch that grew any of them made something the main
+    /// builder may have made meanwhile under another id, and is not kept.
+    tables: [usize; 3],
     kept_events: usize,
-    kept_seen: Seen,
+    kept_seen: KeySet,
+    kept_generic: u64,
 }
 
 /// The stack of an event on a fork whose frames are a list the fork cannot see, in memo slot `stack & !DEFERRED`.
@@ -184,31 +73,9 @@ const DEFERRED: StackId = 1 << 31;
 struct EntryCx {
     stacks: Stacks,
     frame_buf: Vec<u32>,
-    seen: Seen,
+    seen: KeySet,
     /// On a fork: frames in a memo slot it cannot see are deferred, not refused.
     defer: bool,
-}
-
-/// Which optional trace-entry keys the file uses (they date it).
-#[derive(Clone, Copy, Default)]
-struct Seen {
-    time: bool,
-    compile_context: bool,
-    user_metadata: bool,
-    pool_id: bool,
-    internal_metadata: bool,
-}
-
-impl Seen {
-    fn or(self, o: Seen) -> Seen {
-        Seen {
-            time: self.time || o.time,
-            compile_context: self.compile_context || o.compile_context,
-            user_metadata: self.user_metadata || o.user_metadata,
-            pool_id: self.pool_id || o.pool_id,
-            internal_metadata: self.internal_metadata || o.internal_metadata,
-        }
-    }
 }
 
 fn want_u64(v: &Value, key: &str, what: &str) -> Result<u64, String> {
@@ -219,15 +86,17 @@ const W: &str = "trace entry";
 
 impl EntryCx {
     fn new() -> EntryCx {
-        EntryCx { stacks: Stacks::default(), frame_buf: Vec::new(), seen: Seen::default(), defer: false }
+        EntryCx { stacks: Stacks::default(), frame_buf: Vec::new(), seen: KeySet::default(), defer: false }
     }
 
     /// Puts one trace-entry field into `e` and `a`: the one decoder of both the streamed and the collected path.
     #[inline(always)]
     fn field(&mut self, e: &mut Event, a: &mut EventAttrs, key: StrId, v: &Value) -> Result<(), String> {
+        self.seen.insert(key);
         match key {
             k::ACTION => {
                 let s = v.as_str_id().ok_or_else(|| format!("{W}: 'action' is {}, expected a str", v.type_name()))?;
+                self.seen.insert(s);
                 e.action = action_of(s);
             }
             k::ADDR => e.addr = want_u64(v, "addr", W)?,
@@ -243,7 +112,6 @@ impl EntryCx {
             k::TIME_US => {
                 let t = v.as_i64().ok_or_else(|| format!("{W}: 'time_us' is {}, expected an int", v.type_name()))?;
                 e.set_time_us(t);
-                self.seen.time = true;
             }
             k::FRAMES => {
                 let stacks = &mut self.stacks;
@@ -257,25 +125,19 @@ impl EntryCx {
                     Some(s) => s,
                     None => self.no_str(v)?,
                 };
-                self.seen.compile_context = true;
             }
             k::USER_METADATA => {
                 a.user_metadata = match v.as_str_id() {
                     Some(s) => s,
                     None => self.no_str(v)?,
                 };
-                self.seen.user_metadata = true;
             }
-            k::POOL_ID => {
-                match pair(v) {
-                    Some(p) => a.set_pool_id(p),
-                    None => _ = self.no_str(v)?,
-                }
-                self.seen.pool_id = true;
-            }
+            k::POOL_ID => match pair(v) {
+                Some(p) => a.set_pool_id(p),
+                None => _ = self.no_str(v)?,
+            },
             // Written only when non-empty (2.15+): its presence dates the file, its value is not used.
             k::INTERNAL_METADATA => {
-                self.seen.internal_metadata = true;
                 self.no_str(v)?;
             }
             _ => _ = self.no_str(v)?,
@@ -312,6 +174,12 @@ impl EntryCx {
 }
 
 impl SnapshotBuilder {
+    /// The size of every table that interns what trace entries hold (frames, stacks, the rarer attributes): a key
+    /// whose values are interned in a new table must add it here, or a fork's batches that add to it are kept.
+    fn interned_sizes(&self) -> [usize; 3] {
+        [self.cx.stacks.frame_count(), self.cx.stacks.stack_count(), self.event_attrs.len()]
+    }
+
     fn frame(&mut self, items: &[Value]) -> Option<Value> {
         let (mut filename, mut name, mut line) = (None, None, 0i64);
         for kv in items.chunks_exact(2) {
@@ -332,6 +200,7 @@ impl SnapshotBuilder {
 
     fn trace_entry(&mut self, items: &[Value]) -> Result<Value, String> {
         self.close_open();
+        self.generic += 1;
         let mut e = Event::new(Action::Unknown, 0, 0);
         let mut a = EventAttrs::default();
         for kv in items.chunks_exact(2) {
@@ -496,32 +365,30 @@ impl Builder for SnapshotBuilder {
         let stacks = self.cx.stacks.clone();
         Some(SnapshotBuilder {
             fork: Some(Fork {
-                frames: stacks.frame_count(),
-                stacks: stacks.stack_count(),
-                attrs: self.event_attrs.len(),
+                tables: self.interned_sizes(),
                 kept_events: 0,
-                kept_seen: Seen::default(),
+                kept_seen: KeySet::default(),
+                kept_generic: 0,
             }),
-            cx: EntryCx { stacks, frame_buf: Vec::new(), seen: Seen::default(), defer: true },
+            cx: EntryCx { stacks, frame_buf: Vec::new(), seen: KeySet::default(), defer: true },
             events,
             event_attrs: self.event_attrs.clone(),
             open: false,
             rec_attrs: EventAttrs::default(),
-            seen_before: Seen::default(),
+            seen_before: KeySet::default(),
             first_event,
+            generic: 0,
         })
     }
 
     fn fork_batch_done(&mut self, records: usize) -> bool {
+        let sizes = self.interned_sizes();
         let Some(f) = self.fork.as_mut() else { return false };
-        let intact = !self.open
-            && self.events.len() == records
-            && self.cx.stacks.frame_count() == f.frames
-            && self.cx.stacks.stack_count() == f.stacks
-            && self.event_attrs.len() == f.attrs;
+        let intact = !self.open && self.events.len() == records && sizes == f.tables;
         if intact {
             f.kept_events = records;
             f.kept_seen = self.cx.seen;
+            f.kept_generic = self.generic;
         }
         intact
     }
@@ -550,6 +417,7 @@ impl Builder for SnapshotBuilder {
             self.events[at + j].stack = stack;
         }
         self.cx.seen = self.cx.seen.or(f.kept_seen);
+        self.generic += f.kept_generic;
         true
     }
 
@@ -575,6 +443,8 @@ pub struct Snapshot {
     pub bytes: u64,
     /// What a helper thread read of the trace, when one did.
     pub split: Option<pickle::SplitStats>,
+    /// How many trace entries each route of the reader decoded.
+    pub routes: ReadRoutes,
 }
 
 /// Reads a snapshot from a stream. `Err` carries a message without the path; the caller adds it.
@@ -616,9 +486,10 @@ pub fn read_split<R: Read>(
         event_attrs: EventAttrTable::default(),
         open: false,
         rec_attrs: EventAttrs::default(),
-        seen_before: Seen::default(),
+        seen_before: KeySet::default(),
         first_event: 0,
         fork: None,
+        generic: 0,
     };
     let parsed = pickle::read_split(src, &mut b, strings, progress, split)?;
     b.close_open();
@@ -645,6 +516,11 @@ pub fn read_split<R: Read>(
         version.bare_list = true;
         d.segments(&items, &mut tl, &mut version)?;
     } else if let Some(items) = top.dict_items() {
+        for kv in items.chunks_exact(2) {
+            if let Value::Str(key) = kv[0] {
+                version.keys.insert(key);
+            }
+        }
         let segs = dict_get(&items, k::SEGMENTS);
         let traces = dict_get(&items, k::DEVICE_TRACES);
         if segs.is_none() && traces.is_none() {
@@ -737,15 +613,12 @@ pub fn read_split<R: Read>(
             }
         }
         if let Some(s) = dict_get(&items, k::ALLOCATOR_SETTINGS) {
-            version.settings = true;
-            tl.settings = Some(d.settings(s, &mut version));
+            tl.settings = Some(d.settings(s, &mut version, &mut tl.capture));
         }
         if let Some(a) = dict_get(&items, k::EXTERNAL_ANNOTATIONS) {
-            version.annotations = true;
             tl.annotations = d.annotations(a);
         }
         if let Some(h) = dict_get(&items, k::HOST_SEGMENTS) {
-            version.host = true;
             tl.capture.host_segments = h.list_items().map_or(0, |l| l.len());
         }
         if let Some(h) = dict_get(&items, k::HOST_TRACES) {
@@ -759,22 +632,35 @@ pub fn read_split<R: Read>(
         )));
     }
 
-    version.time = seen.time;
-    version.compile_context = seen.compile_context;
-    version.user_metadata = seen.user_metadata;
-    version.pool_id = seen.pool_id;
-    version.internal_metadata = seen.internal_metadata;
-    let format_version = version.describe();
-
+    version.keys = version.keys.or(seen);
     tl.stacks = d.stacks;
     tl.strings = parsed.strings;
-    fill_capture_info(&mut tl, version.time);
+    let (backend, evidence) = backend_of(&tl, version.keys);
+    tl.capture.backend = backend;
+    tl.capture.backend_evidence = evidence;
+    if backend == Backend::Npu {
+        set_workspace_apart(&mut tl);
+    }
+    let format_version = match backend {
+        // torch_npu dates its own releases; its key set is that of torch 2.1 whatever its version.
+        Backend::Npu => "torch_npu".to_string(),
+        _ => version.describe(),
+    };
+    let routes = ReadRoutes {
+        layout: parsed.routes.layout,
+        streamed: parsed.routes.streamed,
+        generic: b.generic,
+        entries: tl.devices.iter().map(|d| d.events.len() as u64).sum(),
+    };
+
+    fill_capture_info(&mut tl, version.keys.contains(k::TIME_US));
     Ok(Snapshot {
         timeline: tl,
         format_version,
         protocol: parsed.protocol,
         bytes: parsed.bytes_read,
         split: parsed.split,
+        routes,
     })
 }
 
@@ -806,23 +692,16 @@ fn fill_capture_info(tl: &mut Timeline, time: bool) {
     c.unknown_actions = tl.devices.iter().flat_map(|d| &d.events).filter(|e| e.action == Action::Unknown).count();
 }
 
-/// Key evidence for telling versions apart (no version field exists; see the format notes §10).
+/// Key evidence for telling versions apart (no version field exists; see the format notes §10): the declared keys
+/// seen anywhere in the file, and three shapes that no single key marks.
 #[derive(Default)]
 struct Version {
+    keys: KeySet,
     bare_list: bool,
     requested_size: bool,
     history: bool,
+    /// Blocks with an `address` (the key is older, on segments).
     block_address: bool,
-    pool_ids: bool,
-    time: bool,
-    settings: bool,
-    max_cached_size: bool,
-    annotations: bool,
-    compile_context: bool,
-    user_metadata: bool,
-    pool_id: bool,
-    host: bool,
-    internal_metadata: bool,
 }
 
 impl Version {
@@ -839,23 +718,9 @@ impl Version {
         if self.history {
             return "torch 2.0 (block history)".into();
         }
-        let at_least = [
-            (self.internal_metadata, "2.15"),
-            (self.host, "2.14"),
-            (self.max_cached_size, "2.13"),
-            (self.pool_id, "2.12"),
-            (self.user_metadata, "2.10"),
-            (self.compile_context, "2.8"),
-            (self.annotations, "2.5"),
-            (self.settings, "2.3"),
-            (self.time, "2.2"),
-            (self.pool_ids || self.block_address, "2.1"),
-        ]
-        .into_iter()
-        .find(|(seen, _)| *seen)
-        .map(|(_, v)| v);
-        match at_least {
-            Some(v) => format!("torch ≥ {v}"),
+        let block_address = self.block_address.then_some((2, 1));
+        match self.keys.newest_since().max(block_address) {
+            Some((major, minor)) => format!("torch ≥ {major}.{minor}"),
             None => "torch 2.0".into(),
         }
     }
@@ -931,7 +796,7 @@ impl Decoder<'_> {
             };
             let pool_id = match self.get(&items, k::SEGMENT_POOL_ID) {
                 Some(v) => {
-                    version.pool_ids = true;
+                    version.keys.insert(k::SEGMENT_POOL_ID);
                     pair(v).unwrap_or((0, 0))
                 }
                 None => (0, 0),
@@ -1021,7 +886,7 @@ impl Decoder<'_> {
         Ok(())
     }
 
-    fn settings(&self, v: &Value, version: &mut Version) -> AllocatorSettings {
+    fn settings(&self, v: &Value, version: &mut Version, capture: &mut CaptureInfo) -> AllocatorSettings {
         let mut s = AllocatorSettings::default();
         let Some(items) = v.dict_items() else {
             return s;
@@ -1048,7 +913,14 @@ impl Decoder<'_> {
                 other => other.type_name().to_string(),
             };
             s.raw.push((self.strings.get(key).to_string(), shown));
-            if key == k::ALLOC_CONF {
+            version.keys.insert(key);
+            if key == k::TRACE_OVERFLOWED {
+                capture.ring_overflowed = overflowed(val);
+            } else if key == k::TRACE_MAX_ENTRIES {
+                // One for every device, or one per device (the largest said).
+                capture.ring_max_entries =
+                    val.as_u64().or_else(|| val.list_items().and_then(|l| l.iter().filter_map(Value::as_u64).max()));
+            } else if key == k::ALLOC_CONF || key == k::XPU_ALLOC_CONF || key == k::HIP_ALLOC_CONF {
                 s.alloc_conf = val.as_str_id().map(|x| self.strings.get(x).to_string());
             } else if key == k::EXPANDABLE_SEGMENTS {
                 s.expandable_segments = val.as_bool();
@@ -1056,8 +928,6 @@ impl Decoder<'_> {
                 s.max_split_size = val.as_i64().filter(|&m| m > 0).map(|m| m as u64);
             } else if key == k::GC_THRESHOLD {
                 s.garbage_collection_threshold = val.as_f64();
-            } else if key == k::MAX_CACHED_SIZE {
-                version.max_cached_size = true;
             } else if key == k::ROUNDUP {
                 if let Some(d) = val.dict_items() {
                     for kv in d.chunks_exact(2) {
@@ -1099,6 +969,84 @@ impl Decoder<'_> {
             })
             .collect()
     }
+}
+
+/// Which accelerator's allocator wrote the file, and what says so: a key only its serializer writes, else the
+/// allocator's own source files in the C++ frames (`stacks="all"`) or the vendor's Python package in any frame.
+/// With neither, CUDA's (ROCm writes the same format, and says so only in its frames and messages).
+fn backend_of(tl: &Timeline, keys: KeySet) -> (Backend, Option<&'static str>) {
+    match keys.dialect() {
+        Some(Backend::Xpu) => return (Backend::Xpu, Some("allocator_settings.PYTORCH_ALLOC_CONF")),
+        Some(Backend::Npu) => return (Backend::Npu, Some("workspace_snapshot trace entries")),
+        Some(Backend::Rocm) => return (Backend::Rocm, Some("allocator_settings.PYTORCH_HIP_ALLOC_CONF")),
+        _ => {}
+    }
+    // C++ frames name the file alone (`CUDACachingAllocator.cpp`) or with its directory.
+    const BY_FRAME: [(&str, Backend, &str); 8] = [
+        ("HIPCachingAllocator", Backend::Rocm, "HIP allocator frames (HIPCachingAllocator)"),
+        ("c10/hip/", Backend::Rocm, "HIP allocator frames (c10/hip)"),
+        ("XPUCachingAllocator", Backend::Xpu, "XPU allocator frames (XPUCachingAllocator)"),
+        ("c10/xpu/", Backend::Xpu, "XPU allocator frames (c10/xpu)"),
+        ("NPUCachingAllocator", Backend::Npu, "NPU allocator frames (NPUCachingAllocator)"),
+        ("torch_npu/", Backend::Npu, "torch_npu frames"),
+        ("c10_npu", Backend::Npu, "torch_npu frames"),
+        ("CUDACachingAllocator", Backend::Cuda, "CUDA allocator frames (CUDACachingAllocator)"),
+    ];
+    let mut cuda = None;
+    for f in 0..tl.stacks.frame_count() as u32 {
+        let name = tl.strings.get(tl.stacks.frame(f).filename);
+        for (needle, backend, why) in BY_FRAME {
+            if name.contains(needle) {
+                match backend {
+                    Backend::Cuda => cuda = Some(why),
+                    _ => return (backend, Some(why)),
+                }
+            }
+        }
+    }
+    (Backend::Cuda, cuda)
+}
+
+/// torch_npu prepends its workspace allocator's trace to each device's, through that allocator's
+/// `workspace_snapshot` marker: the device trace is then two streams, each in time order, one after the other. The
+/// workspace part (through the last marker) is set apart, counted, so that the replay follows one allocator; the
+/// segments it created are taken out of the caching allocator's state (their bytes are counted too: memory the
+/// device holds outside the cache).
+fn set_workspace_apart(tl: &mut Timeline) {
+    let (mut entries, mut bytes) = (0, 0);
+    for d in &mut tl.devices {
+        let Some(last) = d.events.iter().rposition(|e| e.action == Action::WorkspaceSnapshot) else { continue };
+        let made: Vec<u64> = d.events[..=last]
+            .iter()
+            .filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
+            .map(|e| e.addr)
+            .collect();
+        d.events.drain(..=last);
+        entries += last + 1;
+        d.segments.retain(|seg| {
+            let workspace = made.contains(&seg.address);
+            if workspace {
+                bytes += seg.total_size;
+            }
+            !workspace
+        });
+    }
+    tl.capture.workspace_entries = entries;
+    tl.capture.workspace_bytes = bytes;
+}
+
+/// `trace_alloc_overflowed`: one bool for every device (written as device -1), a list of them by device, or a dict
+/// of device to bool.
+fn overflowed(v: &Value) -> Vec<(i64, bool)> {
+    if let Some(b) = v.as_bool() {
+        return vec![(-1, b)];
+    }
+    if let Some(d) = v.dict_items() {
+        return d.chunks_exact(2).filter_map(|kv| Some((kv[0].as_i64()?, kv[1].as_bool()?))).collect();
+    }
+    v.list_items()
+        .map(|l| l.iter().enumerate().filter_map(|(i, b)| Some((i as i64, b.as_bool()?))).collect())
+        .unwrap_or_default()
 }
 
 /// Whether `bytes` look like a pickle (for format sniffing).

@@ -44,12 +44,14 @@ pub fn load(path: &Path, show_progress: bool, split: Option<SplitRead>) -> Resul
     let snap = result.map_err(|e| Error::Input { path: shown.clone(), source: e.into() })?;
     let mut tl = snap.timeline;
     tl.split_read = snap.split.map(|s| (s.records, s.from, s.to));
+    tl.read_routes = Some(snap.routes);
     tl.inputs.push(InputInfo {
         path: shown,
         kind: InputKind::PytorchSnapshot,
         format_version: snap.format_version,
         bytes: len,
         pickle_protocol: Some(snap.protocol),
+        backend: Some(tl.capture.backend),
         ..InputInfo::default()
     });
     Ok(tl)
@@ -102,12 +104,14 @@ pub(super) fn load_stream(input: reader::Input, show_progress: bool) -> Result<T
         e => Error::Input { path: shown.clone(), source: e.into() },
     })?;
     let mut tl = snap.timeline;
+    tl.read_routes = Some(snap.routes);
     tl.inputs.push(InputInfo {
         path: shown,
         kind: InputKind::PytorchSnapshot,
         format_version: snap.format_version,
         bytes: snap.bytes,
         pickle_protocol: Some(snap.protocol),
+        backend: Some(tl.capture.backend),
         compression,
         ..InputInfo::default()
     });

@@ -38,7 +38,10 @@ pub fn category_part(c: &CategoryBytes, allocated: u64) -> String {
 /// One line naming an input and what was read from it.
 pub fn input_line(i: &InputInfo) -> String {
     let mut s = match i.pickle_protocol {
-        Some(p) => format!("{}, {}, pickle protocol {p}", i.format_version, bytes(i.bytes)),
+        Some(p) => {
+            let backend = i.backend.map_or(String::new(), |b| format!(", {}", b.name()));
+            format!("{}{backend}, {}, pickle protocol {p}", i.format_version, bytes(i.bytes))
+        }
         None => format!("{}, {}", i.kind.words(), bytes(i.bytes)),
     };
     if !i.read.is_empty() {
@@ -69,7 +72,16 @@ fn opt_bytes(b: Option<u64>) -> String {
 pub fn oom_lines(oom: &OomReport) -> Vec<(Highlight, String)> {
     let mut out = Vec::new();
     if oom.source == OomSource::Snapshot {
-        let free = oom.device_free_bytes.map_or(String::new(), |f| format!("; the GPU had {} free", bytes(f)));
+        let free = match oom.device_free_bytes {
+            Some(f) if oom.device_free_estimated => {
+                format!(
+                    "; the GPU had {} free (or so: XPU estimates it as total − reserved when its runtime cannot say)",
+                    bytes(f)
+                )
+            }
+            Some(f) => format!("; the GPU had {} free", bytes(f)),
+            None => String::new(),
+        };
         out.push((
             Highlight::Headline,
             format!(

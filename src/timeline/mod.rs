@@ -12,8 +12,8 @@ pub mod stacks;
 use serde::Serialize;
 
 pub use observed::{
-    GpuProcess, KvCapacity, KvStat, Malformed, MemorySample, MigInstance, OomKind, OomMessage, Preemption, ServingLog,
-    Stamp,
+    GpuProcess, KvCapacity, KvStat, Malformed, MemorySample, MigInstance, OomKind, OomLimit, OomMessage, Preemption,
+    ServingLog, Stamp,
 };
 use stacks::{StackId, Stacks, StrId, Strings};
 
@@ -31,12 +31,15 @@ pub enum Action {
     Snapshot,
     Oom,
     Annotate,
+    /// torch_npu: the workspace allocator's snapshot marker. Its entries are set apart from the device's trace by
+    /// the reader (see `CaptureInfo::workspace_entries`); one left in a trace is a marker like `snapshot`.
+    WorkspaceSnapshot,
     /// An action name this version of oomdoc does not know; kept so counts stay honest, ignored by replay.
     Unknown,
 }
 
 impl Action {
-    pub const ALL: [Action; 11] = [
+    pub const ALL: [Action; 12] = [
         Action::Alloc,
         Action::FreeRequested,
         Action::FreeCompleted,
@@ -47,6 +50,7 @@ impl Action {
         Action::Snapshot,
         Action::Oom,
         Action::Annotate,
+        Action::WorkspaceSnapshot,
         Action::Unknown,
     ];
 
@@ -66,13 +70,14 @@ impl Action {
             Action::Snapshot => "snapshot",
             Action::Oom => "oom",
             Action::Annotate => "annotate",
+            Action::WorkspaceSnapshot => "workspace_snapshot",
             Action::Unknown => "unknown",
         }
     }
 
     /// Actions that change no allocator state.
     pub fn is_marker(self) -> bool {
-        matches!(self, Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown)
+        matches!(self, Action::Snapshot | Action::Oom | Action::Annotate | Action::WorkspaceSnapshot | Action::Unknown)
     }
 }
 
@@ -388,6 +393,9 @@ pub struct InputInfo {
     pub format_version: String,
     pub bytes: u64,
     pub pickle_protocol: Option<u8>,
+    /// Snapshots: which accelerator's allocator wrote it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
     /// How the file was compressed (`gzip`, `zstd`, `xz`, `bzip2`); absent when it was not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compression: Option<&'static str>,
@@ -430,6 +438,86 @@ pub struct Timeline {
     /// The part of the trace a helper thread read (entries, first byte, last byte), when the file was read in two
     /// parts: said with the job's timings, part of no report.
     pub split_read: Option<(u32, u64, u64)>,
+    /// How the reader decoded the trace entries: said with the job's timings, part of no report.
+    pub read_routes: Option<ReadRoutes>,
+}
+
+/// Which accelerator's allocator wrote a snapshot. ROCm writes CUDA's format unchanged; only its C++ frames and its
+/// messages tell it apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    #[default]
+    Cuda,
+    Rocm,
+    Xpu,
+    Npu,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cuda => "CUDA",
+            Backend::Rocm => "ROCm",
+            Backend::Xpu => "XPU",
+            Backend::Npu => "NPU",
+        }
+    }
+
+    /// The environment variable that configures this backend's caching allocator.
+    pub fn alloc_conf_var(self) -> &'static str {
+        match self {
+            Backend::Cuda => "PYTORCH_CUDA_ALLOC_CONF",
+            // hipify renames the variable in ROCm builds (every HIP message names it).
+            Backend::Rocm => "PYTORCH_HIP_ALLOC_CONF",
+            Backend::Xpu => "PYTORCH_ALLOC_CONF",
+            Backend::Npu => "PYTORCH_NPU_ALLOC_CONF",
+        }
+    }
+
+    /// The backend an OOM message's device type names (`HIP out of memory` …).
+    pub fn of_message(device_type: &str) -> Option<Backend> {
+        match device_type {
+            "CUDA" => Some(Backend::Cuda),
+            "HIP" => Some(Backend::Rocm),
+            "XPU" => Some(Backend::Xpu),
+            "NPU" => Some(Backend::Npu),
+            _ => None,
+        }
+    }
+}
+
+/// How many trace entries each route of the reader decoded: at fixed offsets from a learnt byte layout, field by
+/// field as a streamed record, or whole by the generic pickle machine (see `ingest::pickle::Routes`).
+/// A real trace is read almost all by layout; a key whose value varies in a way no layout can hold sends every entry down a slower route.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadRoutes {
+    pub layout: u64,
+    pub streamed: u64,
+    pub generic: u64,
+    /// The trace entries the file holds, on every device.
+    pub entries: u64,
+}
+
+impl ReadRoutes {
+    /// The share of the entries read by learnt layout (0 when there are none).
+    pub fn layout_share(&self) -> f64 {
+        if self.entries == 0 {
+            0.0
+        } else {
+            self.layout as f64 / self.entries as f64
+        }
+    }
+}
+
+impl std::fmt::Display for ReadRoutes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} trace entries: {} by learnt layout, {} streamed, {} generic",
+            self.entries, self.layout, self.streamed, self.generic
+        )
+    }
 }
 
 /// What the capture settings recorded, inferred from the file.
@@ -443,6 +531,26 @@ pub struct CaptureInfo {
     pub host_segments: usize,
     pub host_trace_entries: usize,
     pub unknown_actions: usize,
+    /// Which accelerator's allocator wrote the file, and what said so.
+    pub backend: Backend,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend_evidence: Option<&'static str>,
+    /// What newest torch writes in `allocator_settings`: whether the ring buffer wrapped, per device when it says
+    /// so per device (`(device, wrapped)`), and its size.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ring_overflowed: Vec<(i64, bool)>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ring_max_entries: Option<u64>,
+    /// torch_npu: trace entries of the workspace allocator, split out of the device traces before the replay.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub workspace_entries: usize,
+    /// The workspace allocator's segments, taken out of the caching allocator's state.
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub workspace_bytes: u64,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Timeline {

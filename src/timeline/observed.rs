@@ -69,6 +69,31 @@ pub enum OomKind {
     Tensorflow,
 }
 
+/// A limit of the allocator's own that refused the request, named by the newest messages: not the GPU being full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomLimit {
+    /// `per_process_memory_fraction` with `throw_on_cudamalloc_oom`: "Allocation was preemptively rejected because
+    /// it would exceed per_process_memory_fraction limit". No `oom` trace entry is recorded and no OOM observer
+    /// runs.
+    FractionRejected,
+    /// Expandable segments: the request is larger than the virtual-address reserve of its stream
+    /// (`expandable_segments_reserve[_by_class]`).
+    ExpandableReserve,
+    /// Expandable segments: the reserves together ask for more virtual address space than the process can map.
+    AddressSpace,
+}
+
+impl OomLimit {
+    pub fn name(self) -> &'static str {
+        match self {
+            OomLimit::FractionRejected => "fraction_rejected",
+            OomLimit::ExpandableReserve => "expandable_reserve",
+            OomLimit::AddressSpace => "address_space",
+        }
+    }
+}
+
 /// An out-of-memory report found in a log, with every figure its text gives (bytes).
 #[derive(Clone, Debug, Serialize)]
 pub struct OomMessage {
@@ -105,8 +130,17 @@ pub struct OomMessage {
     pub allowed_bytes: Option<u64>,
     /// "with X allocated in private pools (e.g., CUDA Graphs)".
     pub private_pool_bytes: Option<u64>,
-    /// "CUDA", "HIP", "XPU" …
+    /// "CUDA", "HIP", "XPU", "NPU" …
     pub device_type: String,
+    /// The allocator's own limit that refused the request, when the message names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<OomLimit>,
+    /// The expandable-segment reserve the message names ("the expandable-segment reserve of R").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve_bytes: Option<u64>,
+    /// NPU: "A current active" (allocated blocks and those freed but not yet reusable).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_bytes: Option<u64>,
     /// `torch.OutOfMemoryError`, `RuntimeError` …
     pub exception: Option<String>,
     /// Which PyTorch message this is, by its wording: "≤1.3", "1.4–2.0", "≥2.1".

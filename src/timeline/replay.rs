@@ -439,7 +439,7 @@ impl State {
             Action::SegmentFree => self.remove_segment(e.addr),
             Action::SegmentMap => self.map(e.addr, e.size, attrs.get(e).stream, attrs.get(e).pool_id()),
             Action::SegmentUnmap => self.unmap(e.addr, e.size),
-            Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown => Ok(()),
+            Action::Snapshot | Action::Oom | Action::Annotate | Action::WorkspaceSnapshot | Action::Unknown => Ok(()),
         }
     }
 
@@ -475,7 +475,7 @@ impl State {
             Action::SegmentFree => self.add_segment(e.addr, e.size, attrs.get(e).stream, attrs.get(e).pool_id(), false),
             Action::SegmentMap => self.unmap(e.addr, e.size),
             Action::SegmentUnmap => self.map(e.addr, e.size, attrs.get(e).stream, attrs.get(e).pool_id()),
-            Action::Snapshot | Action::Oom | Action::Annotate | Action::Unknown => Ok(()),
+            Action::Snapshot | Action::Oom | Action::Annotate | Action::WorkspaceSnapshot | Action::Unknown => Ok(()),
         }
     }
 

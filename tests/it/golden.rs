@@ -3,17 +3,52 @@
 
 use crate::common;
 
-fn report(file: &str, format: &str) -> String {
-    let o = common::oomdoc(&["analyze", file, "--format", format, "--top", "5"]);
-    assert!(o.status.success(), "{file} --format {format}: {}", common::stderr(&o));
+fn report(files: &[&str], format: &str) -> String {
+    let mut args = vec!["analyze"];
+    args.extend_from_slice(files);
+    args.extend_from_slice(&["--format", format, "--top", "5"]);
+    let o = common::oomdoc(&args);
+    assert!(o.status.success(), "{files:?} --format {format}: {}", common::stderr(&o));
     common::stdout(&o)
 }
 
 fn check_all_formats(file: &str) {
-    let name = std::path::Path::new(file).file_stem().unwrap().to_string_lossy().replace('.', "_");
-    insta::assert_snapshot!(format!("{name}.text"), report(file, "text"));
-    insta::assert_snapshot!(format!("{name}.markdown"), report(file, "markdown"));
-    insta::assert_snapshot!(format!("{name}.json"), report(file, "json"));
+    check_files(&[file]);
+}
+
+/// The report on a snapshot and the files beside it (its log), named after the snapshot.
+fn check_files(files: &[&str]) {
+    let name = std::path::Path::new(files[0]).file_stem().unwrap().to_string_lossy().replace('.', "_");
+    insta::assert_snapshot!(format!("{name}.text"), report(files, "text"));
+    insta::assert_snapshot!(format!("{name}.markdown"), report(files, "markdown"));
+    insta::assert_snapshot!(format!("{name}.json"), report(files, "json"));
+}
+
+/// A dialect's snapshot with the OOM message its job printed, where it has one.
+fn check_dialect(name: &str) {
+    let snapshot = format!("fixtures/generated/dialects/{name}.pickle");
+    let log = format!("fixtures/generated/dialects/{name}.log");
+    match std::path::Path::new(&log).exists() {
+        true => check_files(&[&snapshot, &log]),
+        false => check_files(&[&snapshot]),
+    }
+}
+
+/// Each dialect's golden report, and the backend its first line names.
+#[test]
+fn dialects_xpu_npu_rocm_newest_cuda_and_a_preemptive_rejection() {
+    for (name, first_line) in [
+        ("xpu-forward-oom", "(torch ≥ 2.10, XPU,"),
+        ("npu-workspace-ahead", "(torch_npu, NPU,"),
+        ("rocm-cpp-frames", "(torch ≥ 2.8, ROCm,"),
+        ("cuda-trace-overflowed", "(torch ≥ 2.14, CUDA,"),
+        ("cuda-preemptive-rejection", "(torch ≥ 2.14, CUDA,"),
+    ] {
+        check_dialect(name);
+        let text = report(&[&format!("fixtures/generated/dialects/{name}.pickle")], "text");
+        let first = text.lines().next().unwrap_or_default();
+        assert!(first.contains(first_line), "{name}: {first}");
+    }
 }
 
 macro_rules! golden {

@@ -28,6 +28,7 @@ mod pickle_variants;
 mod profile_findings;
 mod profilers;
 mod python_capture;
+mod reader_routes;
 mod real_findings;
 mod real_gpu;
 mod real_snapshots;

@@ -4,6 +4,7 @@
 //! (KB, MB, GB) are powers of 1000. Messages quoted from real reports name their source; the rest are built from
 //! the message's grammar in c10/cuda/CUDACachingAllocator.cpp.
 
+use crate::common;
 use oomdoc::ingest::oom_log::{parse, LogParse};
 use oomdoc::timeline::{OomKind, OomMessage, Stamp};
 
@@ -456,4 +457,149 @@ fn garbage_never_panics() {
     let _ = parse(&s, "x");
     let _ = parse("Tried to allocate 99999999999999999999999999.99 EiB. GPU 99999999999999999999 has", "x");
     let _ = parse("\u{0}\u{1b}[31mCUDA out of memory\r\n\r\n", "x");
+}
+
+// ---- Other accelerators' messages, and the newest CUDA endings (texts as read in their sources: the XPU allocator,
+// ---- torch_npu's NPUCachingAllocator, hipified CUDA, CUDACachingAllocator of 2026) -----------------------------
+
+#[test]
+fn xpu_message_with_its_empty_cache_advice() {
+    // c10/xpu/XPUCachingAllocator.cpp: no per-process part, no env hint; free may be total − reserved.
+    let o =
+        one("torch.OutOfMemoryError: XPU out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of \
+         11.93 GiB of which 5.62 MiB is free. Of the allocated memory 10.43 GiB is allocated by PyTorch, and \
+         94.57 MiB is reserved by PyTorch but unallocated. Please use `empty_cache` to release all unoccupied cached \
+         memory.\n");
+    assert_eq!(
+        (o.kind, o.device_type.as_str(), o.device, o.generation),
+        (OomKind::Allocator, "XPU", Some(0), Some("≥2.1"))
+    );
+    assert_eq!(o.requested_bytes, Some(20 * MIB));
+    assert_eq!(o.total_bytes, Some(12_809_739_960));
+    assert_eq!(o.free_bytes, Some(5_892_997));
+    assert_eq!(o.allocated_bytes, Some(11_199_127_224));
+    assert_eq!(o.reserved_unallocated_bytes, Some(99_163_832));
+    assert_eq!(o.limit, None);
+}
+
+#[test]
+fn npu_message_in_the_old_layout_with_current_active() {
+    // torch_npu NPUCachingAllocator.cpp, the classic form (a space before "If"), and the newer one (").If").
+    for sep in [" ", "."] {
+        let o = one(&format!(
+            "RuntimeError: NPU out of memory. Tried to allocate 260.00 MiB (NPU 2; 28.50 GiB total capacity; 10.24 \
+             GiB already allocated; 10.24 GiB current active; 149.57 MiB free; 10.28 GiB reserved in total by \
+             PyTorch){sep}If reserved memory is >> allocated memory try setting max_split_size_mb to avoid \
+             fragmentation.\n[ERROR] 2026-03-02-11:04:17 (PID:4242, Device:2, RankID:-1) ERR00006 PTA memory error\n"
+        ));
+        assert_eq!((o.device_type.as_str(), o.device, o.generation), ("NPU", Some(2), Some("1.4–2.0")), "{sep:?}");
+        assert_eq!(o.requested_bytes, Some(260 * MIB));
+        assert_eq!(o.total_bytes, Some(30_601_641_984));
+        assert_eq!(o.allocated_bytes, Some(10_995_116_278));
+        assert_eq!(o.active_bytes, Some(10_995_116_278));
+        assert_eq!(o.free_bytes, Some(156_835_512));
+        assert_eq!(o.reserved_bytes, Some(11_038_065_951));
+        let hint = o.hint.unwrap();
+        assert!(hint.starts_with("If reserved memory is") && hint.ends_with("avoid fragmentation."), "{hint}");
+        assert!(!o.text.contains("PTA"), "the vendor's error block is not the message: {}", o.text);
+    }
+}
+
+#[test]
+fn hip_message_names_its_own_variable() {
+    let o =
+        one("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 278.00 MiB. GPU 0 has a total capacity of \
+         63.98 GiB of which 190.00 MiB is free. Of the allocated memory 59.51 GiB is allocated by PyTorch, and 3.95 \
+         GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting \
+         PYTORCH_HIP_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory \
+         Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n");
+    assert_eq!(o.device_type, "HIP");
+    assert_eq!(o.requested_bytes, Some(278 * MIB));
+    assert!(o.hint.unwrap().contains("PYTORCH_HIP_ALLOC_CONF"));
+}
+
+#[test]
+fn newest_cuda_message_ends_at_its_new_docs_link() {
+    let o = one(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of \
+         79.19 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process has 78.16 GiB memory in \
+         use. Of the allocated memory 71.20 GiB is allocated by PyTorch, and 6.31 GiB is reserved by PyTorch but \
+         unallocated. If reserved but unallocated memory is large try setting \
+         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory \
+         Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)\n\
+         capture: wrote oom.pickle\n",
+    );
+    assert_eq!(o.requested_bytes, Some(2 * GIB));
+    let hint = o.hint.unwrap();
+    assert!(hint.ends_with("#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"), "{hint}");
+    assert!(!o.text.contains("capture:"), "{}", o.text);
+}
+
+/// The three refusals of the allocator's own limits, each a cause with its own fix.
+const PREEMPTIVE: &str = "torch.OutOfMemoryError: CUDA out of memory. Allocation was preemptively rejected because it \
+                          would exceed per_process_memory_fraction limit. Requested size: 1.50 GiB\n";
+const RESERVE: &str = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 24.00 GiB. GPU 0 has a total \
+                       capacity of 79.19 GiB of which 40.11 GiB is free. Of the allocated memory 30.02 GiB is \
+                       allocated by PyTorch, and 8.20 GiB is reserved by PyTorch but unallocated. This allocation \
+                       exceeds the expandable-segment reserve of 20.00 GiB for this stream; raise it with \
+                       expandable_segments_reserve_by_class in PYTORCH_CUDA_ALLOC_CONF.\n";
+const ADDRESS: &str = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total \
+                       capacity of 79.19 GiB of which 70.00 GiB is free. Of the allocated memory 1.02 GiB is allocated \
+                       by PyTorch, and 0 bytes is reserved by PyTorch but unallocated. The expandable segments \
+                       over-reserved virtual address space; reduce it via expandable_segments_reserve in \
+                       PYTORCH_CUDA_ALLOC_CONF.\n";
+
+#[test]
+fn each_allocator_limit_message_is_read_with_its_figures() {
+    use oomdoc::timeline::OomLimit;
+    let o = one(PREEMPTIVE);
+    assert_eq!(
+        (o.kind, o.limit, o.requested_bytes),
+        (OomKind::Allocator, Some(OomLimit::FractionRejected), Some(1610612736))
+    );
+    let o = one(RESERVE);
+    assert_eq!(
+        (o.limit, o.reserve_bytes, o.requested_bytes),
+        (Some(OomLimit::ExpandableReserve), Some(20 * GIB), Some(24 * GIB))
+    );
+    assert!(o.text.ends_with("PYTORCH_CUDA_ALLOC_CONF."), "the ending is kept: {}", o.text);
+    let o = one(ADDRESS);
+    assert_eq!(o.limit, Some(OomLimit::AddressSpace));
+}
+
+fn log_findings(text: &str) -> Vec<(String, String, String)> {
+    let f = common::TempFile::with("limit.log", text.as_bytes());
+    let v = common::analyze_json(&[f.path()]);
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            let s = |k: &str| x[k].as_str().unwrap_or_default().to_string();
+            (s("rule"), s("message"), s("fix"))
+        })
+        .collect()
+}
+
+#[test]
+fn each_allocator_limit_message_gives_its_own_cause_and_fix() {
+    for (text, fix) in [
+        (PREEMPTIVE, "Raise per_process_memory_fraction"),
+        (RESERVE, "Raise the reserve for that stream"),
+        (ADDRESS, "Reduce the reserve"),
+    ] {
+        let found = log_findings(text);
+        let limit = found.iter().find(|(r, ..)| r == "allocator-limit").unwrap_or_else(|| panic!("{found:?}"));
+        assert!(limit.2.starts_with(fix), "{}", limit.2);
+    }
+}
+
+#[test]
+fn a_plain_oom_message_names_no_allocator_limit() {
+    let found = log_findings(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 \
+         GiB of which 1.02 GiB is free. Of the allocated memory 71.20 GiB is allocated by PyTorch, and 6.31 GiB is \
+         reserved by PyTorch but unallocated.\n",
+    );
+    assert!(found.iter().all(|(r, ..)| r != "allocator-limit"), "{found:?}");
 }

@@ -215,6 +215,7 @@ impl<B: Builder> Machine<'_, B> {
         let memo_mark = self.memo.mark();
         let scratch_mark = self.scratch.len();
         let builder_mark = self.builder.mark();
+        let routes_mark = self.routes;
         let mut cur = Cursor { buf: &input.buf[input.pos..input.end], pos: 0 };
         match self.fast_body(&mut cur, is_dict, 0, off + 1) {
             Some(v) => {
@@ -228,6 +229,8 @@ impl<B: Builder> Machine<'_, B> {
                 self.memo.rewind(memo_mark);
                 self.scratch.truncate(scratch_mark);
                 self.builder.rewind(builder_mark);
+                // The records given up are read again: they count on the route that keeps them.
+                self.routes = routes_mark;
                 Ok(None)
             }
         }

@@ -27,6 +27,8 @@ pub(super) struct Machine<'b, B: Builder> {
     /// thread: never.
     pub(super) batch_stop: usize,
     pub(super) split_stats: Option<SplitStats>,
+    /// How many records each fast route read (see [`Routes`]).
+    pub(super) routes: Routes,
 }
 
 impl<B: Builder> Machine<'_, B> {

@@ -446,6 +446,7 @@ impl<B: Builder> Machine<'_, B> {
         let outcome = match outcome {
             Record::Done(_) => match self.builder.record_end() {
                 Some(v) => {
+                    self.routes.streamed += 1;
                     if fixed && !self.memo.overwritten {
                         match tail {
                             // The layout runs through the tail's opening opcode.
@@ -487,11 +488,13 @@ impl<B: Builder> Machine<'_, B> {
         }
         let memo_mark = self.memo.mark();
         let builder_mark = self.builder.mark();
+        let routes_mark = self.routes;
         let scratch_mark = self.scratch.len();
         let v = self.known_storing_record(cur, i, slot, depth, base);
         if v.is_none() {
             self.memo.rewind(memo_mark);
             self.builder.rewind(builder_mark);
+            self.routes = routes_mark;
             self.scratch.truncate(scratch_mark);
         }
         v
@@ -535,6 +538,7 @@ impl<B: Builder> Machine<'_, B> {
         }
         cur.pos += shape.len;
         self.records.hit(i);
+        self.routes.layout += 1;
         Some(v)
     }
 
@@ -602,6 +606,7 @@ impl<B: Builder> Machine<'_, B> {
             self.memo.fill_pending(slot, &v);
         }
         self.records.hit(i);
+        self.routes.layout += 1;
         Some(v)
     }
 }

@@ -153,6 +153,8 @@ enum Msg<B> {
 /// A helper's part: whole batches up to byte `to`.
 struct Done<B> {
     to: u64,
+    /// The routes of the records kept.
+    routes: Routes,
     builder: B,
     records: u32,
     /// The slot words the part stored (`words[first..]`), as the helper's memo holds them: the values of those that
@@ -340,6 +342,7 @@ impl<B: Builder> Machine<'_, B> {
             }
         }
         self.split_stats = Some(SplitStats { from: off, to: done.to, records: done.records });
+        self.routes.add(done.routes);
         input.restart_at(src, done.to);
         Ok(true)
     }
@@ -420,9 +423,11 @@ fn read_part<B: Builder>(
         split_check_at: u64::MAX,
         batch_stop: 1,
         split_stats: None,
+        routes: Routes::default(),
     };
     // The end of the last batch kept: its offset, memo length and records.
     let mut kept = (input.offset(), first_slot, 0u32, 0usize);
+    let mut kept_routes = Routes::default();
     while !stop.load(Ordering::Relaxed) {
         // FRAME opcodes may stand between batches.
         loop {
@@ -461,6 +466,7 @@ fn read_part<B: Builder>(
             break;
         }
         kept = (input.offset(), m.memo.dense_len(), records, m.memo.gap_refs.borrow().len());
+        kept_routes = m.routes;
     }
     let (to, slots_end, records, gap_refs) = kept;
     if records == 0 {
@@ -484,5 +490,16 @@ fn read_part<B: Builder>(
     let mut words = std::mem::take(&mut m.memo.slots);
     words.truncate(slots_end);
     drop(m);
-    Some(Done { to, builder, records, words, first: first_slot, stored, span_values, inline_kinds, min_memo_len })
+    Some(Done {
+        to,
+        routes: kept_routes,
+        builder,
+        records,
+        words,
+        first: first_slot,
+        stored,
+        span_values,
+        inline_kinds,
+        min_memo_len,
+    })
 }

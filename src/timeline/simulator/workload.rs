@@ -185,7 +185,12 @@ impl Workload {
                     pool: attrs.pool_id().unwrap_or((0, 0)),
                     event: at,
                 }),
-                Action::SegmentMap | Action::FreeRequested | Action::Snapshot | Action::Annotate | Action::Unknown => {}
+                Action::SegmentMap
+                | Action::FreeRequested
+                | Action::Snapshot
+                | Action::Annotate
+                | Action::WorkspaceSnapshot
+                | Action::Unknown => {}
             }
             i += 1;
         }
