@@ -11,6 +11,7 @@ pub mod fragments;
 mod imbalance;
 pub mod iterations;
 pub mod job_view;
+pub mod megatron;
 pub mod model;
 pub mod observed;
 pub mod prediction;
@@ -185,6 +186,7 @@ pub fn analyze_keeping<'t>(
     imbalance::imbalance_facts(tl, &mut devices);
     let profile_summary = profile::summarize(&tl.profile, opts.top);
     let mut job_facts = serving::facts(&tl.serving);
+    megatron::facts(&tl.megatron, &mut job_facts);
     if let Some(p) = &profile_summary {
         profile::facts(p, &mut job_facts);
     }

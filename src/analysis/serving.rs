@@ -84,5 +84,17 @@ pub fn facts(log: &ServingLog) -> Facts {
         f.num("serving.max_model_len", max_len as f64, Unit::Count, "the model's max seq len vLLM refused");
         f.num("serving.kv_capacity_tokens", fits as f64, Unit::Count, "tokens the KV cache could hold");
     }
+    f.opt(
+        "serving.cuda_graph_bytes",
+        c.cuda_graph_bytes.map(|b| b as f64),
+        Unit::Bytes,
+        "what vLLM estimated its CUDA graphs take (\"Estimated CUDA graph memory\")",
+    );
+    f.flag("serving.no_cache_memory", c.no_cache_memory, "vLLM found no memory left for the KV cache at start-up");
+    f.flag(
+        "serving.oom_in_cudagraph_capture",
+        c.oom_in_cudagraph_capture,
+        "the OOM came while vLLM captured CUDA graphs (its VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS hint)",
+    );
     f
 }

@@ -1,5 +1,6 @@
 //! Readers for the artifacts a failed job leaves behind, one module per format, all producing a [`Timeline`].
 
+pub mod megatron_log;
 pub mod ncu;
 pub mod nsys;
 pub mod nsys_sqlite;
@@ -27,7 +28,7 @@ use std::path::Path;
 
 use crate::timeline::clock::{self, ClockOptions};
 use crate::timeline::profile::ProfileData;
-use crate::timeline::{InputInfo, Malformed, OomMessage, ServingLog, Timeline};
+use crate::timeline::{InputInfo, Malformed, MegatronLog, OomMessage, ServingLog, Timeline};
 
 /// Why an input could not be read: the ingest layer's own error, so that it depends on nothing above it (the
 /// crate's `Error` wraps it).
@@ -205,6 +206,7 @@ struct TextArtifacts {
     inputs: Vec<InputInfo>,
     ooms: Vec<OomMessage>,
     serving: ServingLog,
+    megatron: MegatronLog,
     gpus: Vec<nvidia_smi::SmiGpu>,
     profile: ProfileData,
     /// `nsys stats` report files, read together at the end (a capture's combined and dedicated reports must be
@@ -219,6 +221,7 @@ impl TextArtifacts {
         tl.inputs.extend(self.inputs.iter().cloned());
         tl.ooms.extend(self.ooms.iter().cloned());
         tl.serving.merge(self.serving.clone());
+        tl.megatron.merge(self.megatron.clone());
         tl.profile.merge(self.profile.clone());
         for g in &self.gpus {
             let d = tl.device_mut(i64::from(g.index));

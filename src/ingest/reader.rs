@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::unpack::Counted;
 use super::IngestError as Error;
-use super::{ncu, note_malformed, nsys, nsys_sqlite, nvidia_smi, oom_log, snapshot, vllm_log};
+use super::{megatron_log, ncu, note_malformed, nsys, nsys_sqlite, nvidia_smi, oom_log, snapshot, vllm_log};
 use super::{Collected, Kind, LoadOptions, ReadError};
 use crate::timeline::profile::ProfileSource;
 use crate::timeline::{InputInfo, InputKind, Malformed};
@@ -291,7 +291,7 @@ impl Reader for ReportReader {
     }
 }
 
-/// A training or serving log: OOM messages, vLLM KV-cache lines.
+/// A training or serving log: OOM messages, vLLM KV-cache lines, Megatron-LM's memory lines.
 pub struct LogReader;
 
 impl Reader for LogReader {
@@ -299,7 +299,7 @@ impl Reader for LogReader {
         Kind::Log
     }
     fn detect(&self, input: &Detect) -> bool {
-        input.text.is_some_and(|t| oom_log::sniff(t) || vllm_log::sniff(t))
+        input.text.is_some_and(|t| oom_log::sniff(t) || vllm_log::sniff(t) || megatron_log::sniff(t))
     }
     fn read(&self, input: Input, opts: &LoadOptions, job: &mut Collected) -> Result<(), Error> {
         let (shown, compression) = (input.name.clone(), input.compression);
@@ -315,6 +315,7 @@ impl Reader for LogReader {
         };
         let log = oom_log::parse(&text, &shown);
         let serving = vllm_log::parse(&text, &shown);
+        let megatron = megatron_log::parse(&text, &shown);
         if !log.ooms.is_empty() {
             info.read.push(format!(
                 "{} out-of-memory report{}",
@@ -330,8 +331,14 @@ impl Reader for LogReader {
             if c.gpu_blocks.is_some() || c.tokens.is_some() || c.kv_bytes.is_some() || c.max_concurrency.is_some() {
                 parts.push("KV-cache capacity".to_string());
             }
-            if c.too_small.is_some() {
+            if c.too_small.is_some() || c.no_cache_memory {
                 parts.push("a KV-cache capacity failure".to_string());
+            }
+            if c.cuda_graph_bytes.is_some() {
+                parts.push("the CUDA-graph estimate".to_string());
+            }
+            if c.oom_in_cudagraph_capture {
+                parts.push("an OOM in CUDA-graph capture".to_string());
             }
             if !serving.stats.is_empty() {
                 parts.push(plural(serving.stats.len(), "KV-cache usage line"));
@@ -341,12 +348,24 @@ impl Reader for LogReader {
             }
             info.read.push(format!("vLLM: {}", parts.join(", ")));
         }
+        if !megatron.is_empty() {
+            let mut parts = Vec::new();
+            if megatron.weight_optimizer_bytes.is_some() {
+                parts.push("the theoretical memory footprint".to_string());
+            }
+            if !megatron.reports.is_empty() {
+                let n = megatron.reports.len();
+                parts.push(format!("{n} memory report{}", if n == 1 { "" } else { "s" }));
+            }
+            info.read.push(format!("Megatron-LM: {}", parts.join(", ")));
+        }
         if info.read.is_empty() {
             info.read.push("no out-of-memory report and no vLLM KV-cache line".into());
         }
         note_malformed(&mut info, log.malformed, opts.strict)?;
         job.ooms.extend(log.ooms);
         job.serving.merge(serving);
+        job.megatron.merge(megatron);
         job.inputs.push(info);
         Ok(())
     }

@@ -52,6 +52,7 @@ pub fn parse(text: &str, source: &str) -> ServingLog {
     static TOO_SMALL: OnceLock<Regex> = OnceLock::new();
     static USAGE: OnceLock<Regex> = OnceLock::new();
     static PREEMPT: OnceLock<Regex> = OnceLock::new();
+    static GRAPHS: OnceLock<Regex> = OnceLock::new();
     let mut log = ServingLog::default();
     let mut seen = false;
     for (no, raw) in lines(text) {
@@ -119,6 +120,22 @@ pub fn parse(text: &str, source: &str) -> ServingLog {
                 seen = true;
             }
         }
+        if let Some(c) = capture(&GRAPHS, r"Estimated CUDA graph memory: ([\d.]+) ?([KMGT]i?B) total", &line) {
+            log.capacity.cuda_graph_bytes = parse_size(&c[1], &c[2]);
+            seen = true;
+        }
+        if line.contains("No available memory for the cache blocks") {
+            log.capacity.no_cache_memory = true;
+            seen = true;
+        }
+        // The hint vLLM puts on an OOM raised while it captures CUDA graphs (not its start-up advice to disable the
+        // profiling, which names the same variable).
+        if line.contains("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0")
+            && (line.contains("If this problem persists") || line.to_ascii_lowercase().contains("out of memory"))
+        {
+            log.capacity.oom_in_cudagraph_capture = true;
+            seen = true;
+        }
         if let Some(c) = capture(
             &PREEMPT,
             r"preempted by PreemptionMode\.(\w+) mode.*?(?:total_num_cumulative_preemption=(\d+))?\s*$",
@@ -157,6 +174,9 @@ impl ServingLog {
         c.weights_bytes = o.weights_bytes.or(c.weights_bytes);
         c.non_torch_bytes = o.non_torch_bytes.or(c.non_torch_bytes);
         c.too_small = o.too_small.or(c.too_small);
+        c.cuda_graph_bytes = o.cuda_graph_bytes.or(c.cuda_graph_bytes);
+        c.no_cache_memory |= o.no_cache_memory;
+        c.oom_in_cudagraph_capture |= o.oom_in_cudagraph_capture;
         self.stats.extend(other.stats);
         self.preemptions.extend(other.preemptions);
     }

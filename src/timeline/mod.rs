@@ -12,8 +12,8 @@ pub mod stacks;
 use serde::Serialize;
 
 pub use observed::{
-    GpuProcess, KvCapacity, KvStat, Malformed, MemorySample, MigInstance, OomKind, OomLimit, OomMessage, Preemption,
-    ServingLog, Stamp,
+    GpuProcess, KvCapacity, KvStat, Malformed, MegatronLog, MegatronMemory, MemorySample, MigInstance, OomKind,
+    OomLimit, OomMessage, Preemption, ServingLog, Stamp,
 };
 use stacks::{StackId, Stacks, StrId, Strings};
 
@@ -431,6 +431,8 @@ pub struct Timeline {
     pub ooms: Vec<OomMessage>,
     /// A serving engine's KV-cache log (vLLM).
     pub serving: ServingLog,
+    /// Megatron-LM's memory lines.
+    pub megatron: MegatronLog,
     /// How text artifacts' wall-clock stamps were put on the common clock.
     pub clock: Option<clock::ClockReport>,
     /// What Nsight Systems and Nsight Compute exports of the job said.

@@ -180,6 +180,54 @@ pub struct KvCapacity {
     /// "The model's max seq len (131072) is larger than the maximum number of tokens that can be stored in KV
     /// cache (81536)" → (131072, 81536).
     pub too_small: Option<(u64, u64)>,
+    /// "Estimated CUDA graph memory: 0.61 GiB total" (vLLM ≥ 0.21 profiles CUDA graphs before sizing the cache).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_graph_bytes: Option<u64>,
+    /// "No available memory for the cache blocks": nothing was left for the KV cache at start-up.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub no_cache_memory: bool,
+    /// vLLM's hint on an OOM during CUDA-graph capture: "… try setting VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0".
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub oom_in_cudagraph_capture: bool,
+}
+
+/// Megatron-LM's own memory lines: the theoretical footprint it prints at start-up and each reporting rank's
+/// `report_memory` line (its "MB" are MiB: bytes / 2^20).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MegatronLog {
+    pub source: Vec<String>,
+    /// "Theoretical memory footprints: weight and optimizer=7211.88 MB[, activation=… MB, total=… MB]".
+    pub weight_optimizer_bytes: Option<u64>,
+    pub activation_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+    pub reports: Vec<MegatronMemory>,
+}
+
+/// `[Rank 0] (after 10 iterations) memory (MB) | allocated: … | max allocated: … | reserved: … | max reserved: …`.
+#[derive(Clone, Debug, Serialize)]
+pub struct MegatronMemory {
+    pub rank: i64,
+    pub iteration: Option<u64>,
+    pub allocated_bytes: u64,
+    pub max_allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub max_reserved_bytes: u64,
+    pub line: usize,
+    pub stamp: Option<Stamp>,
+}
+
+impl MegatronLog {
+    pub fn is_empty(&self) -> bool {
+        self.total_bytes.is_none() && self.weight_optimizer_bytes.is_none() && self.reports.is_empty()
+    }
+
+    pub fn merge(&mut self, o: MegatronLog) {
+        self.source.extend(o.source);
+        self.weight_optimizer_bytes = o.weight_optimizer_bytes.or(self.weight_optimizer_bytes);
+        self.activation_bytes = o.activation_bytes.or(self.activation_bytes);
+        self.total_bytes = o.total_bytes.or(self.total_bytes);
+        self.reports.extend(o.reports);
+    }
 }
 
 /// One periodic stats line of a serving engine.
@@ -227,6 +275,9 @@ impl ServingLog {
             && self.capacity.max_concurrency.is_none()
             && self.capacity.too_small.is_none()
             && self.capacity.weights_bytes.is_none()
+            && self.capacity.cuda_graph_bytes.is_none()
+            && !self.capacity.no_cache_memory
+            && !self.capacity.oom_in_cudagraph_capture
     }
 }
 

@@ -203,6 +203,8 @@ const NEEDS_MORE_THAN_A_SNAPSHOT: &[(&str, &str, &[&str])] = &[
         ],
     ),
     ("device-imbalance", "tests/it/verdict.rs", &["class_1_one_gpu_full_of_activations_beside_two_that_are_not"]),
+    ("serving-memory", "tests/it/log_verdict.rs", &["vllm_start_up_failures_each_get_their_cause"]),
+    ("megatron-footprint", "tests/it/log_verdict.rs", &["megatron_reports_beside_its_estimate"]),
     (
         "allocator-limit",
         "tests/it/oom_messages.rs",

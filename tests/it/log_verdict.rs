@@ -101,3 +101,34 @@ fn a_message_ends_at_its_documentation_link() {
     assert!(hint.ends_with("cuda-alloc-conf)"), "{hint}");
     assert_eq!(p.ooms[0].user_code.as_deref(), Some("x = torch.empty(400 * MiB, dtype=torch.uint8, device=\"cuda\")"));
 }
+
+/// The findings of a log alone, as `rule:severity`.
+fn log_rules(log: &str) -> Vec<String> {
+    common::rules_fired(&common::analyze_json(&[log]))
+}
+
+#[test]
+fn vllm_start_up_failures_each_get_their_cause() {
+    let no_cache = log_rules("fixtures/logs/vllm-no-cache-blocks.log");
+    assert!(no_cache.contains(&"serving-memory:error".to_string()), "{no_cache:?}");
+    let graphs = common::analyze_json(&["fixtures/logs/vllm-cudagraph-capture-oom.log"]);
+    let found = common::rules_fired(&graphs);
+    assert!(found.contains(&"serving-memory:error".to_string()), "{found:?}");
+    let fix = graphs["findings"].as_array().unwrap().iter().find(|f| f["rule"] == "serving-memory").unwrap()["fix"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(fix.contains("cudagraph_capture_sizes") && fix.contains("--enforce-eager"), "{fix}");
+    assert_eq!(graphs["serving"]["capacity"]["cuda_graph_bytes"], 654_982_513u64);
+    // The start-up notice names the same variable, and is no OOM.
+    let healthy = log_rules("fixtures/logs/vllm-healthy-startup.log");
+    assert!(!healthy.iter().any(|r| r.starts_with("serving-memory")), "{healthy:?}");
+}
+
+#[test]
+fn megatron_reports_beside_its_estimate() {
+    let above = log_rules("fixtures/logs/megatron-above-estimate.log");
+    assert!(above.contains(&"megatron-footprint:warning".to_string()), "{above:?}");
+    let within = log_rules("fixtures/logs/megatron-within-estimate.log");
+    assert!(!within.iter().any(|r| r.starts_with("megatron-footprint")), "{within:?}");
+}
