@@ -13,6 +13,19 @@ from version numbers:
   thread: "optimizer" during `optimizer.step` (torch.optim's global step hooks), and with labels="modules" the
   module's name during its forward (torch.nn's global forward hooks), which oomdoc reads as what the memory is for
   and where in the model it was allocated.
+
+Not every OOM reaches an observer: a request the allocator rejects under `per_process_memory_fraction` with
+`throw_on_cudamalloc_oom` raises with no observer called, and some builds have no observer at all. The snapshot is
+then written from the exception: when it leaves the `with` block, or (a plain `oomdoc.record()` call) when it
+leaves the program, through `sys.excepthook`, before the traceback is printed. The job's exception, traceback and
+exit status stay its own. On Intel GPUs and Ascend NPUs the same calls are made on `torch.xpu` / `torch.npu`
+(torch_npu), where the job runs.
+
+A snapshot is written to a temporary file and renamed: a job killed while dumping leaves no half file under the
+final name. The analysis runs in a child process under a time limit (OOMDOC_VERDICT_TIMEOUT seconds, default 120),
+so a slow or hung binary cannot hold the job; beside the snapshot it also writes the rank's JSON report
+(`oom-0.json` beside `oom-0.pickle`), so a job of many ranks is reduced from small files
+(`oomdoc analyze oom/*.json`) instead of moving every snapshot to one machine.
 """
 import os
 import pickle
@@ -31,6 +44,19 @@ from . import _binary
 _active = []
 _observer_attached = False
 _lock = threading.Lock()
+# The excepthook in force before the first plain-call recorder installed ours (put back when none is left).
+_previous_excepthook = None
+
+# Where each accelerator's allocator is reached: the device module's attribute on torch, and the names of its
+# observer hooks on torch._C (or torch_npu._C). The rejection observers are probed: no released torch is known to
+# expose one to Python yet.
+_BACKENDS = (
+    ("cuda", ("_cuda_attach_out_of_memory_observer",), ("_cuda_attach_oom_rejection_observer",)),
+    ("xpu", ("_xpu_attach_out_of_memory_observer",), ()),
+    ("npu", ("_npu_attach_out_of_memory_observer",), ()),
+)
+
+VERDICT_TIMEOUT_S = 120
 
 
 def _env_rank(name):
@@ -63,6 +89,26 @@ def _parameters(fn):
         return None
 
 
+def _device_module(torch):
+    """The accelerator the job runs on: ("cuda", torch.cuda) — ROCm builds too —, else ("xpu", torch.xpu), else
+    ("npu", torch.npu) when torch_npu is imported; None when none is available."""
+    for name, _, _ in _BACKENDS:
+        module = getattr(torch, name, None)
+        try:
+            if module is not None and module.is_available():
+                return name, module
+        except Exception:
+            continue
+    return None
+
+
+def _c_modules(torch, backend):
+    mods = [getattr(torch, "_C", None)]
+    if backend == "npu":
+        mods.append(getattr(sys.modules.get("torch_npu"), "_C", None))
+    return [m for m in mods if m is not None]
+
+
 def _history_enabled(torch):
     probe = getattr(torch._C, "_cuda_isHistoryEnabled", None)
     if probe is None:
@@ -73,8 +119,8 @@ def _history_enabled(torch):
         return None
 
 
-def _start_history(torch, max_entries, stacks, context):
-    record = torch.cuda.memory._record_memory_history
+def _start_history(dev, max_entries, stacks, context):
+    record = dev.memory._record_memory_history
     params = _parameters(record)
     modern = {"enabled": "all", "context": context, "stacks": stacks, "max_entries": max_entries}
     legacy = {
@@ -98,34 +144,45 @@ def _start_history(torch, max_entries, stacks, context):
     return "legacy"
 
 
-def _stop_history(torch, api):
-    record = torch.cuda.memory._record_memory_history
+def _stop_history(dev, api):
+    record = dev.memory._record_memory_history
     if api == "modern":
         record(enabled=None)
     else:
         record(False)
 
 
-def _dump(torch, path):
+def _dump(dev, path):
+    """Writes the snapshot to a temporary name beside `path`, then renames it: a process killed while dumping (a
+    multi-GB snapshot takes seconds) leaves a `.tmp` file, never a truncated one under the final name."""
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    dump = getattr(torch.cuda.memory, "_dump_snapshot", None)
-    if dump is not None:
-        dump(path)
-        return
-    snapshot = torch.cuda.memory._snapshot()
-    with open(path, "wb") as f:
-        pickle.dump(snapshot, f)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        dump = getattr(dev.memory, "_dump_snapshot", None)
+        if dump is not None:
+            dump(tmp)
+        else:
+            snapshot = dev.memory._snapshot()
+            with open(tmp, "wb") as f:
+                pickle.dump(snapshot, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _is_oom(torch, exc):
-    for owner in (torch, getattr(torch, "cuda", None)):
+    for owner in (torch, getattr(torch, "cuda", None), getattr(torch, "xpu", None), getattr(torch, "npu", None)):
         cls = getattr(owner, "OutOfMemoryError", None)
         if isinstance(cls, type) and isinstance(exc, cls):
             return True
-    # torch before OutOfMemoryError existed raised a RuntimeError with this message.
-    return isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc)
+    # torch before OutOfMemoryError existed raised a RuntimeError with this message (torch_npu still does).
+    return isinstance(exc, RuntimeError) and re.search(r"\b(CUDA|HIP|XPU|NPU) out of memory", str(exc)) is not None
 
 
 def _observer(device, alloc, device_alloc, device_free):
@@ -138,17 +195,62 @@ def _observer(device, alloc, device_alloc, device_free):
         innermost._on_oom(device=device, requested=alloc)
 
 
-def _attach_observer(torch):
+def _rejection_observer(device, alloc, total_allocated, device_total):
+    # Called (asynchronously) for a request rejected under per_process_memory_fraction: no OOM observer runs then.
+    _observer(device, alloc, total_allocated, None)
+
+
+def _attach_observer(torch, backend):
+    """Attaches the OOM observer (and the rejection observer, where this torch has one) of the backend's allocator;
+    says whether an OOM observer is attached."""
     global _observer_attached
     with _lock:
         if _observer_attached:
             return True
-        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        names = next((b for b in _BACKENDS if b[0] == backend), _BACKENDS[0])
+        mods = _c_modules(torch, backend)
+        attach = next((getattr(m, n) for n in names[1] for m in mods if getattr(m, n, None) is not None), None)
         if attach is None:
             return False
         attach(_observer)
+        for n in names[2]:
+            reject = next((getattr(m, n) for m in mods if getattr(m, n, None) is not None), None)
+            if reject is not None:
+                try:
+                    reject(_rejection_observer)
+                except Exception:
+                    pass
         _observer_attached = True
         return True
+
+
+def _excepthook(exc_type, exc, tb):
+    """The OOM that leaves the program with no observer called (a rejection under the fraction cap, a torch without
+    observers): the innermost plain-call recorder dumps it, then the traceback is printed as it would have been."""
+    try:
+        with _lock:
+            innermost = _active[-1] if _active else None
+        if innermost is not None and innermost.snapshot is None and _is_oom(innermost._torch, exc):
+            innermost._on_oom()
+    except Exception:
+        pass
+    (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def _install_excepthook():
+    global _previous_excepthook
+    with _lock:
+        if sys.excepthook is not _excepthook:
+            _previous_excepthook = sys.excepthook
+            sys.excepthook = _excepthook
+
+
+def _remove_excepthook():
+    global _previous_excepthook
+    with _lock:
+        if sys.excepthook is _excepthook and not _active:
+            sys.excepthook = _previous_excepthook or sys.__excepthook__
+            _previous_excepthook = None
 
 
 class _Labels:
@@ -156,9 +258,9 @@ class _Labels:
     optimizer.step, and (modules=True) the module's qualified name during its forward, innermost module first. The
     metadata is per thread, as the hooks are; the label in force before a hook is put back after it."""
 
-    def __init__(self, torch, modules):
-        self.set = getattr(torch.cuda.memory, "_set_memory_metadata", None)
-        self.get = getattr(torch.cuda.memory, "_get_memory_metadata", None)
+    def __init__(self, torch, dev, modules):
+        self.set = getattr(dev.memory, "_set_memory_metadata", None)
+        self.get = getattr(dev.memory, "_get_memory_metadata", None)
         self.torch = torch
         self.modules = modules
         self.handles = []
@@ -306,7 +408,7 @@ def _color_on(stream):
 class Recorder:
     """Recording started by :func:`record`; a context manager, or call :meth:`stop`."""
 
-    def __init__(self, path, max_entries, stacks, context, verdict, smi, labels=True):
+    def __init__(self, path, max_entries, stacks, context, verdict, smi, labels=True, json_report=True):
         if labels not in (True, False, "modules"):
             raise ValueError(f"labels: True, False or 'modules', not {labels!r}")
         if stacks not in ("python", "all"):
@@ -338,6 +440,12 @@ class Recorder:
         self._dumping = False
         self.labels = labels
         self._labels = None
+        self.json_report = json_report
+        #: the rank's JSON report written beside the snapshot, when it was.
+        self.report = None
+        self._dev = None
+        self._backend = None
+        self._hooked = False
 
     def _names(self, device=None):
         torch = self._torch
@@ -355,20 +463,22 @@ class Recorder:
         except ImportError:
             warnings.warn("oomdoc.record: torch is not installed: nothing is recorded", stacklevel=3)
             return self
-        cuda = getattr(torch, "cuda", None)
-        if cuda is None or not cuda.is_available():
+        found = _device_module(torch)
+        if found is None:
             warnings.warn("oomdoc.record: CUDA is not available: nothing is recorded", stacklevel=3)
             return self
+        self._backend, dev = found
+        self._dev = dev
         self._torch = torch
-        init = getattr(cuda, "init", None)
+        init = getattr(dev, "init", None)
         if init is not None:
             # The allocator's entry points below reach per-device state that exists only once CUDA is initialised;
             # called before, they crash the process (torch 2.11 on an H200, before the training script's first CUDA
             # call). Initialising here is what the script's first tensor on the GPU would do anyway.
             init()
-        if not _history_enabled(torch):
-            self._api = _start_history(torch, self.max_entries, self.stacks, self.context)
-        observer = _attach_observer(torch)
+        if self._backend != "cuda" or not _history_enabled(torch):
+            self._api = _start_history(dev, self.max_entries, self.stacks, self.context)
+        observer = _attach_observer(torch, self._backend)
         if not observer:
             # Only the exception is seen: the snapshot is taken when it reaches the `with` block's end.
             warnings.warn(
@@ -377,12 +487,13 @@ class Recorder:
                 stacklevel=3,
             )
         if self.labels:
-            labels = _Labels(torch, modules=self.labels == "modules")
+            labels = _Labels(torch, dev, modules=self.labels == "modules")
             if labels.start():
                 self._labels = labels
         with _lock:
             _active.append(self)
         self.active = True
+        _install_excepthook()
         if self.smi_interval_ms is not None and (_env_rank("LOCAL_RANK") or 0) == 0:
             folder = os.path.dirname(self.path.format(**self._names()))
             self.smi_path = os.path.join(folder, "nvidia-smi.{}.csv".format(socket.gethostname()))
@@ -397,11 +508,12 @@ class Recorder:
         with _lock:
             if self in _active:
                 _active.remove(self)
+        _remove_excepthook()
         if self._labels is not None:
             self._labels.stop()
             self._labels = None
         if self._api is not None:
-            _stop_history(self._torch, self._api)
+            _stop_history(self._dev, self._api)
             self._api = None
         if self._smi is not None:
             self._smi.stop()
@@ -424,14 +536,17 @@ class Recorder:
         self._dumping = True
         try:
             path = self.path.format(**self._names(device))
-            _dump(self._torch, path)
+            _dump(self._dev, path)
             self.snapshot = path
             what = "" if requested is None else f" asking for {_human(requested)}"
             gpu = "" if device is None else f" on GPU {device}"
             print(f"oomdoc: out of memory{gpu}{what}: snapshot written to {path}", file=sys.stderr, flush=True)
+            total = self._total_memory(device)
+            cap = self._memory_cap(device, total)
+            if self.json_report:
+                self._write_report(path, total, cap)
             if self.verdict:
-                total = self._total_memory(device)
-                self._print_verdict(path, total, self._memory_cap(device, total))
+                self._print_verdict(path, total, cap)
         except Exception as e:  # never into the allocator
             print(f"oomdoc: could not write the snapshot at the OOM: {e}", file=sys.stderr, flush=True)
         finally:
@@ -441,7 +556,7 @@ class Recorder:
         # The GPU's size lets the report tell memory held outside PyTorch (CUDA context, NCCL, other libraries) from
         # the driver's free bytes the snapshot recorded at the OOM. Read from the device's properties: no allocation.
         try:
-            props = self._torch.cuda.get_device_properties(0 if device is None else device)
+            props = self._dev.get_device_properties(0 if device is None else device)
             return int(props.total_memory)
         except Exception:
             return None
@@ -449,7 +564,7 @@ class Recorder:
     def _memory_cap(self, device, total):
         # A process capped with set_per_process_memory_fraction fails with the device's memory still free; the OOM
         # message names the cap, but the observer runs before the message exists. torch ≥ 2.9 can be asked.
-        get = getattr(self._torch.cuda, "get_per_process_memory_fraction", None)
+        get = getattr(self._dev, "get_per_process_memory_fraction", None)
         if get is None or not total:
             return None
         try:
@@ -457,6 +572,35 @@ class Recorder:
         except Exception:
             return None
         return int(total * fraction) if 0 < fraction < 1 else None
+
+    @staticmethod
+    def _figures(total_memory, memory_cap):
+        return [
+            *(["--gpu-memory", str(total_memory)] if total_memory else []),
+            *(["--memory-cap", str(memory_cap)] if memory_cap else []),
+        ]
+
+    def _write_report(self, path, total_memory, memory_cap):
+        """The rank's JSON report beside its snapshot: the map step of the job's analysis, on the rank's node."""
+        out = os.path.splitext(path)[0] + ".json"
+        tmp = f"{out}.{os.getpid()}.tmp"
+        try:
+            proc = _binary.run_binary(
+                ["analyze", path, *self._figures(total_memory, memory_cap), "--no-progress", "--format", "json",
+                 "-o", tmp],
+                timeout=_verdict_timeout(),
+            )
+            if proc.returncode in (0, 1) and os.path.exists(tmp):
+                os.replace(tmp, out)
+                self.report = out
+        except (_binary.BinaryNotFound, OSError, subprocess.TimeoutExpired):
+            pass
+        finally:
+            if os.path.exists(tmp):
+                try:
+                    os.remove(tmp)
+                except OSError:
+                    pass
 
     def _print_verdict(self, path, total_memory=None, memory_cap=None):
         files = [path]
@@ -470,21 +614,25 @@ class Recorder:
                 [
                     "analyze",
                     *files,
-                    *(["--gpu-memory", str(total_memory)] if total_memory else []),
-                    *(["--memory-cap", str(memory_cap)] if memory_cap else []),
+                    *self._figures(total_memory, memory_cap),
                     "--no-progress",
                     "--top",
                     "3",
                     "--color",
                     "always" if color else "never",
                 ],
-                timeout=600,
+                timeout=_verdict_timeout(),
             )
         except (_binary.BinaryNotFound, OSError) as e:
             print(f"oomdoc: could not run the analysis ({e}); later: oomdoc analyze {path}", file=sys.stderr, flush=True)
             return
         except subprocess.TimeoutExpired:
-            print(f"oomdoc: the analysis took too long; run: oomdoc analyze {path}", file=sys.stderr, flush=True)
+            print(
+                f"oomdoc: the analysis took longer than {_verdict_timeout():g} s and was stopped "
+                f"(OOMDOC_VERDICT_TIMEOUT); run: oomdoc analyze {path}",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         out = proc.stdout.decode("utf-8", "replace")
         err = proc.stderr.decode("utf-8", "replace").strip()
@@ -499,8 +647,15 @@ class Recorder:
             print(err, file=sys.stderr, flush=True)
 
 
+def _verdict_timeout():
+    try:
+        return max(0.1, float(os.environ.get("OOMDOC_VERDICT_TIMEOUT", VERDICT_TIMEOUT_S)))
+    except ValueError:
+        return VERDICT_TIMEOUT_S
+
+
 def record(path="oom-{rank}.pickle", max_entries=100_000, stacks="python", context="all", verdict=True, smi=None,
-           labels=True):
+           labels=True, json_report=True):
     """Records the allocator's history and, at an out-of-memory error, dumps a snapshot and prints oomdoc's verdict.
 
     Use it as a plain call at the start of training, or as a context manager around the part that may fail::
@@ -522,8 +677,10 @@ def record(path="oom-{rank}.pickle", max_entries=100_000, stacks="python", conte
     labels: where torch can label what it records (`_set_memory_metadata`, torch 2.10 and later), label the
         optimizer's step, so its state is named even without a stack; "modules" also labels each module's forward
         with its name (a global forward hook on every module call: a little slower); False for neither.
+    json_report: also write the rank's JSON report beside the snapshot (`oom-0.json`), for `oomdoc analyze
+        oom/*.json` over a job of many ranks.
 
     Without CUDA (or torch) it warns and records nothing. On exit (or `.stop()`) what it changed is restored:
     recording it started is stopped, a recording someone else started is left on, and it no longer dumps.
     """
-    return Recorder(path, max_entries, stacks, context, verdict, smi, labels).start()
+    return Recorder(path, max_entries, stacks, context, verdict, smi, labels, json_report).start()

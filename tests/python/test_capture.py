@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 import warnings
 
@@ -136,7 +137,8 @@ class Record(unittest.TestCase):
                     with self.assertRaises(torch.cuda.OutOfMemoryError):
                         with oomdoc.record(os.path.join(d, "oom-{rank}.pickle"), verdict=False):
                             torch._fake.trigger_oom()
-                self.assertEqual(os.listdir(d), [name])
+                # The rank's JSON report beside its snapshot (the map step of a job's analysis).
+                self.assertEqual(sorted(os.listdir(d)), [name.replace(".pickle", ".json"), name])
 
     def test_device_pid_and_folders_in_the_path(self):
         err = io.StringIO()
@@ -239,6 +241,19 @@ class Record(unittest.TestCase):
         self.assertIn("snapshot written to", err)
         self.assertEqual(self.names(), ["_record_memory_history", "_dump_snapshot", "_record_memory_history"])
 
+    def test_a_preemptive_rejection_calls_no_observer_and_still_writes_the_snapshot_once(self):
+        # per_process_memory_fraction + throw_on_cudamalloc_oom: the allocator raises without calling the observer.
+        err = io.StringIO()
+        path = os.path.join(self.dir, "oom-{rank}.pickle")
+        with environ(**NO_RANK), contextlib.redirect_stderr(err):
+            with self.assertRaises(torch.cuda.OutOfMemoryError) as raised:
+                with oomdoc.record(path, verdict=False):
+                    torch._fake.trigger_rejection()
+        self.assertIn("preemptively rejected", str(raised.exception))
+        self.assertEqual(self.names().count("_dump_snapshot"), 1)
+        self.assertEqual(err.getvalue().count("snapshot written to"), 1)
+        self.assertTrue(os.path.getsize(os.path.join(self.dir, "oom-0.pickle")) > 0)
+
     def test_the_verdict_can_be_turned_off(self):
         err = self.oom_inside(recorder_args={"path": os.path.join(self.dir, "a.pickle"), "verdict": False})
         self.assertIn("snapshot written to", err)
@@ -260,7 +275,7 @@ class Record(unittest.TestCase):
                     with oomdoc.record(os.path.join(self.dir, "inner.pickle"), verdict=False) as inner:
                         torch._fake.trigger_oom()
                 self.assertTrue(torch._fake.history, "the outer recording goes on")
-        self.assertEqual(os.listdir(self.dir), ["inner.pickle"])
+        self.assertEqual(sorted(os.listdir(self.dir)), ["inner.json", "inner.pickle"])
         self.assertEqual((inner.snapshot is not None, outer.snapshot), (True, None))
         self.assertEqual(err.getvalue().count("snapshot written to"), 1)
         # Only the outer one started recording, so only it stops it.
@@ -374,7 +389,7 @@ class RunCommand(unittest.TestCase):
         self.assertEqual(p.returncode, 1, p.stderr)
         with open(argv_file) as f:
             self.assertEqual(json.load(f), [self.script, argv_file, "--lr", "3e-4"])
-        self.assertEqual(os.listdir(out), ["oom-0.pickle"])
+        self.assertEqual(sorted(os.listdir(out)), ["oom-0.json", "oom-0.pickle"])
         self.assertIn("Primary cause: leaked references", p.stderr)
         # The script's own traceback still ends the run, after the verdict.
         self.assertIn("OutOfMemoryError: CUDA out of memory", p.stderr)
@@ -385,7 +400,7 @@ class RunCommand(unittest.TestCase):
         p = self.run_oomdoc("run", "--out", out, "--no-verdict", self.script, os.path.join(self.dir, "a.json"),
                             env=python_env(RANK="6", LOCAL_RANK="2", WORLD_SIZE="8"))
         self.assertEqual(p.returncode, 1, p.stderr)
-        self.assertEqual(os.listdir(out), ["oom-6.pickle"])
+        self.assertEqual(sorted(os.listdir(out)), ["oom-6.json", "oom-6.pickle"])
         self.assertNotIn("Verdict", p.stderr)
 
     def test_a_module_target(self):
@@ -397,6 +412,76 @@ class RunCommand(unittest.TestCase):
         p = self.run_oomdoc("run", "--no-verdict", "--", "-m", "trainer", os.path.join(self.dir, "argv.json"))
         self.assertEqual(p.returncode, 1, p.stderr)
         self.assertTrue(os.path.exists(os.path.join(self.dir, "oom-0.pickle")))
+
+    def test_a_plain_call_writes_the_snapshot_of_a_rejection_leaving_the_program_and_keeps_the_traceback(self):
+        # A plain `oomdoc.record()` (no `with`) and an OOM no observer saw: the snapshot is written from the
+        # exception on its way out; the traceback, the exception type and the exit status are the job's own.
+        script = os.path.join(self.dir, "plain.py")
+        with open(script, "w") as f:
+            f.write("import oomdoc, torch\noomdoc.record('oom-{rank}.pickle', verdict=False)\n"
+                    "def step():\n    torch._fake.trigger_rejection()\nstep()\n")
+        p = subprocess.run([sys.executable, script], capture_output=True, text=True, env=python_env(),
+                           cwd=self.dir, timeout=120)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertTrue(os.path.getsize(os.path.join(self.dir, "oom-0.pickle")) > 0)
+        self.assertIn("snapshot written to", p.stderr)
+        tb = p.stderr[p.stderr.index("Traceback (most recent call last)"):]
+        self.assertIn('line 5, in <module>', tb)
+        self.assertIn("in step", tb)
+        self.assertTrue(tb.rstrip().splitlines()[-1].startswith("torch.OutOfMemoryError: CUDA out of memory. "
+                                                               "Allocation was preemptively rejected"), tb)
+        self.assertLess(p.stderr.index("snapshot written to"), p.stderr.index("Traceback"))
+
+    def test_a_dump_killed_midway_leaves_no_file_under_the_final_name(self):
+        p = self.run_oomdoc("run", "--no-verdict", "--", self.script, os.path.join(self.dir, "argv.json"),
+                            env=python_env(FAKE_TORCH_DUMP_DIES="1"))
+        self.assertEqual(p.returncode, 137, p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "oom-0.pickle")))
+        left = [n for n in os.listdir(self.dir) if n.startswith("oom-0.pickle")]
+        self.assertEqual(len(left), 1, left)
+        self.assertTrue(left[0].endswith(".tmp"), left)
+
+    def test_a_binary_that_hangs_is_given_up_after_the_limit(self):
+        hang = os.path.join(self.dir, "oomdoc-hangs")
+        with open(hang, "w") as f:
+            f.write("#!/bin/sh\nsleep 60\n")
+        os.chmod(hang, 0o755)
+        started = time.monotonic()
+        p = self.run_oomdoc("run", "--", self.script, os.path.join(self.dir, "argv.json"),
+                            env=python_env(OOMDOC_BIN=hang, OOMDOC_VERDICT_TIMEOUT="1"))
+        took = time.monotonic() - started
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertLess(took, 30, "the job waited for the binary")
+        self.assertIn("took longer than 1 s and was stopped", p.stderr)
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "oom-0.pickle")))
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "oom-0.json")))
+        self.assertIn("OutOfMemoryError: CUDA out of memory", p.stderr)
+
+    def test_the_ranks_json_reports_reduce_to_the_same_job_as_their_snapshots(self):
+        out = os.path.join(self.dir, "out")
+        snapshots = {"0": "leaked-references", "1": "attention-scores"}
+        for rank, capture in snapshots.items():
+            real = os.path.join(HERE, "..", "..", "fixtures", "real-gpu", capture, "snapshot.pickle")
+            p = self.run_oomdoc("run", "--out", out, "--no-verdict", "--", self.script,
+                                os.path.join(self.dir, "argv.json"),
+                                env=python_env(RANK=rank, WORLD_SIZE="2", FAKE_TORCH_SNAPSHOT=os.path.abspath(real)))
+            self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertEqual(sorted(os.listdir(out)), ["oom-0.json", "oom-0.pickle", "oom-1.json", "oom-1.pickle"])
+        exe = python_env()["OOMDOC_BIN"]
+
+        def job(*names):
+            files = [os.path.join(out, n) for n in names]
+            p = subprocess.run([exe, "analyze", *files, "--format", "json", "--no-progress"], capture_output=True,
+                               text=True, timeout=120)
+            self.assertIn(p.returncode, (0, 1), p.stderr)
+            return json.loads(p.stdout)["job"]
+
+        from_snapshots = job("oom-0.pickle", "oom-1.pickle")
+        from_reports = job("oom-0.json", "oom-1.json")
+        for j in (from_snapshots, from_reports):
+            for rank in j.get("ranks", []):
+                rank.pop("path", None)
+        self.assertEqual(from_reports, from_snapshots)
 
     def test_a_script_that_finishes_keeps_its_exit_status_and_leaves_no_snapshot(self):
         with open(self.script, "w") as f:

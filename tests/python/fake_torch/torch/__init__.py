@@ -171,6 +171,12 @@ def reset(api="modern", cuda_available=True, observer=True, history_on=False, di
 
         def _dump_snapshot(filename="dump_snapshot.pickle"):
             log("_dump_snapshot", filename)
+            if os.environ.get("FAKE_TORCH_DUMP_DIES"):
+                # A job killed while it dumps: half the file written, then the process gone.
+                with open(_snapshot_file(), "rb") as src, open(filename, "wb") as out:
+                    data = src.read()
+                    out.write(data[: len(data) // 2])
+                os._exit(137)
             shutil.copyfile(_snapshot_file(), filename)
 
         cuda.memory._record_memory_history = _record_memory_history
@@ -226,8 +232,16 @@ def trigger_oom(device=0, alloc=16 << 20):
                "79.19 GiB of which 1.00 MiB is free.")
 
 
+def trigger_rejection(alloc=1536 << 20):
+    """A request the allocator refuses under per_process_memory_fraction with throw_on_cudamalloc_oom (torch ≥ 2.12):
+    no OOM observer is called, no `oom` entry recorded; only the exception."""
+    raise _OOM("CUDA out of memory. Allocation was preemptively rejected because it would exceed "
+               f"per_process_memory_fraction limit. Requested size: {alloc / (1 << 30):.2f} GiB")
+
+
 _fake.reset = reset
 _fake.trigger_oom = trigger_oom
+_fake.trigger_rejection = trigger_rejection
 _fake.allocate = allocate
 reset(api=os.environ.get("FAKE_TORCH_API", "modern"),
       cuda_available=os.environ.get("FAKE_TORCH_CUDA", "1") == "1")
