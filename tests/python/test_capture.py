@@ -254,6 +254,25 @@ class Record(unittest.TestCase):
         self.assertEqual(err.getvalue().count("snapshot written to"), 1)
         self.assertTrue(os.path.getsize(os.path.join(self.dir, "oom-0.pickle")) > 0)
 
+    def test_on_an_intel_gpu_or_an_ascend_npu_the_same_calls_go_to_torch_xpu_or_torch_npu(self):
+        # CUDA is unavailable and the only observer hook is the backend's (the stand-in logs each call by the one
+        # name its functions have).
+        for backend in ("xpu", "npu"):
+            with self.subTest(backend=backend):
+                fresh(backend=backend)
+                self.assertFalse(hasattr(torch._C, "_cuda_attach_out_of_memory_observer"))
+                d = tempfile.mkdtemp(dir=self.dir)
+                err = self.oom_inside(recorder_args={"path": os.path.join(d, "oom-{rank}.pickle"), "verdict": False})
+                self.assertIn("snapshot written to", err)
+                self.assertEqual(len(torch._fake.observers), 1, "the backend's OOM observer is attached")
+                self.assertEqual(
+                    self.names(),
+                    ["_record_memory_history", "_cuda_attach_out_of_memory_observer", "_dump_snapshot",
+                     "_record_memory_history"],
+                )
+                self.assertTrue(os.path.getsize(os.path.join(d, "oom-0.pickle")) > 0)
+        fresh()
+
     def test_the_verdict_can_be_turned_off(self):
         err = self.oom_inside(recorder_args={"path": os.path.join(self.dir, "a.pickle"), "verdict": False})
         self.assertIn("snapshot written to", err)
@@ -467,7 +486,8 @@ class RunCommand(unittest.TestCase):
                                 env=python_env(RANK=rank, WORLD_SIZE="2", FAKE_TORCH_SNAPSHOT=os.path.abspath(real)))
             self.assertEqual(p.returncode, 1, p.stderr)
         self.assertEqual(sorted(os.listdir(out)), ["oom-0.json", "oom-0.pickle", "oom-1.json", "oom-1.pickle"])
-        exe = python_env()["OOMDOC_BIN"]
+        exe = oomdoc.binary()
+        self.assertIsNotNone(exe, "the oomdoc binary (OOMDOC_BIN or the installed one)")
 
         def job(*names):
             files = [os.path.join(out, n) for n in names]

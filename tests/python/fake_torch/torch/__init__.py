@@ -107,8 +107,9 @@ nn.Module = Module
 
 
 def reset(api="modern", cuda_available=True, observer=True, history_on=False, dist_rank=None, fraction=None,
-          metadata=False):
-    """metadata: a torch with _set_memory_metadata / _get_memory_metadata (2.10 and later)."""
+          metadata=False, backend="cuda"):
+    """metadata: a torch with _set_memory_metadata / _get_memory_metadata (2.10 and later). backend="xpu": a torch
+    on an Intel GPU: CUDA unavailable, the same allocator API on torch.xpu, the observer hook on _C's _xpu_ name."""
     _fake.calls = []
     _fake.allocations = []
     _fake.metadata = ""
@@ -215,6 +216,33 @@ def reset(api="modern", cuda_available=True, observer=True, history_on=False, di
             _fake.observers.append(fn)
 
         _C._cuda_attach_out_of_memory_observer = attach
+
+    for name in ("xpu", "npu"):
+        g.pop(name, None)
+        sys.modules.pop("torch." + name, None)
+        if hasattr(_C, f"_{name}_attach_out_of_memory_observer"):
+            delattr(_C, f"_{name}_attach_out_of_memory_observer")
+    sys.modules.pop("torch_npu", None)
+    if backend in ("xpu", "npu"):
+        # The same allocator API on torch.xpu (Intel) or torch.npu (Ascend, once torch_npu is imported), CUDA
+        # unavailable, the observer hook under the backend's name: on torch._C for XPU, torch_npu._C for NPU.
+        dev = types.ModuleType("torch." + backend)
+        dev.memory = cuda.memory
+        dev.is_available = lambda: True
+        dev.init = cuda.init
+        dev.get_device_properties = cuda.get_device_properties
+        cuda.is_available = lambda: False
+        g[backend] = dev
+        sys.modules["torch." + backend] = dev
+        hook_owner = _C
+        if backend == "npu":
+            torch_npu = types.ModuleType("torch_npu")
+            torch_npu._C = types.SimpleNamespace()
+            sys.modules["torch_npu"] = torch_npu
+            hook_owner = torch_npu._C
+        if hasattr(_C, "_cuda_attach_out_of_memory_observer"):
+            setattr(hook_owner, f"_{backend}_attach_out_of_memory_observer", _C._cuda_attach_out_of_memory_observer)
+            del _C._cuda_attach_out_of_memory_observer
 
     distributed.is_available = lambda: True
     distributed.is_initialized = lambda: dist_rank is not None
