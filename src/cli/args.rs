@@ -133,12 +133,17 @@ pub struct DiffArgs {
     /// The run after the change.
     #[arg(value_name = "AFTER")]
     pub after: PathBuf,
-    /// Output format.
-    #[arg(long, short = 'f', value_enum, default_value_t = Format::Text)]
-    pub format: Format,
-    /// Write the comparison to FILE instead of standard output.
+    /// Output format (default: from the -o file's name, else text). html: both timelines on one axis, the
+    /// difference by kind and by stack as diverging bars, the two verdicts side by side.
+    #[arg(long, short = 'f', value_enum)]
+    pub format: Option<Format>,
+    /// Write the comparison to FILE instead of standard output (diff.html: the page).
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// How the page lines the two timelines up: event (event i above event i) or time (since each trace's first
+    /// event; falls back to event when a trace has no times).
+    #[arg(long, value_enum, default_value_t = oomdoc::report::diff_html::Align::Event)]
+    pub align: oomdoc::report::diff_html::Align,
     /// For CI: exit with code 1 when the peak allocated memory grew by more than PCT percent.
     #[arg(long, value_name = "PCT")]
     pub fail_on_growth: Option<f64>,

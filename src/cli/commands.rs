@@ -122,7 +122,8 @@ fn over_threshold(ranks: &[report::RankOutput], max_peak: Option<u64>, max_reser
 
 fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
     // Each side: a snapshot (analysed here) or an oomdoc JSON report kept from an earlier run.
-    let read = |path: &PathBuf| -> Result<serde_json::Value, Error> {
+    // With the timeline of its fullest GPU when it is a snapshot analysed here (for the page).
+    let read = |path: &PathBuf| -> Result<(serde_json::Value, Option<oomdoc::analysis::chart::Chart>), Error> {
         let io = |source| Error::Io { path: path.display().to_string(), source };
         let head = {
             let mut f = std::fs::File::open(path).map_err(io)?;
@@ -134,7 +135,7 @@ fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
         if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
             let text = std::fs::read_to_string(path).map_err(io)?;
             if oomdoc::ingest::oomdoc_report::sniff(&text) {
-                return serde_json::from_str(&text).map_err(|e| {
+                return serde_json::from_str(&text).map(|v| (v, None)).map_err(|e| {
                     Error::Input(oomdoc::ingest::IngestError::Input {
                         path: path.display().to_string(),
                         source: oomdoc::ingest::ReadError::Unrecognised(format!("not valid JSON: {e}")),
@@ -157,12 +158,32 @@ fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
                 analysed.len()
             )));
         }
-        Ok(serde_json::to_value(&analysed[0].analysis).expect("analysis serialises"))
+        let mut analysis = analysed.into_iter().next().expect("one").analysis;
+        let value = serde_json::to_value(&analysis).expect("analysis serialises");
+        // The device the diff's sides describe: the fullest, chosen as `analysis::diff` chooses it.
+        let top = value["devices"]
+            .as_array()
+            .and_then(|ds| ds.iter().enumerate().max_by_key(|(_, d)| oomdoc::ingest::oomdoc_report::peaks(d).0))
+            .map(|(i, _)| i);
+        Ok((value, top.and_then(|i| analysis.devices[i].chart.take())))
     };
-    let (before, after) = (read(&args.before)?, read(&args.after)?);
+    let format = args
+        .format
+        .or_else(|| args.output.as_deref().and_then(report::Format::from_file_name))
+        .unwrap_or(report::Format::Text);
+    let ((before, before_chart), (after, after_chart)) = (read(&args.before)?, read(&args.after)?);
     let d = oomdoc::analysis::diff::of(&before, &after);
-    write_out(args.output.as_ref(), &report::diff::render(&d, args.format))?;
-    say_written(args.output.as_ref(), args.format);
+    let page = match format {
+        report::Format::Html => {
+            use report::diff_html::{render, Run};
+            let b = Run { report: &before, chart: before_chart.as_ref() };
+            let a = Run { report: &after, chart: after_chart.as_ref() };
+            render(&d, &b, &a, args.align)
+        }
+        f => report::diff::render(&d, f),
+    };
+    write_out(args.output.as_ref(), &page)?;
+    say_written(args.output.as_ref(), format);
     if let (Some(limit), Some(grew)) = (args.fail_on_growth, d.peak_growth_pct) {
         if grew > limit {
             eprintln!("oomdoc: the peak allocated memory grew {grew:.1}%, over --fail-on-growth {limit}%");

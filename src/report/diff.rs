@@ -8,7 +8,7 @@ use crate::analysis::diff::{Delta, Diff};
 use crate::units::bytes;
 
 /// "+1.20 GiB", "−300 MiB", "±0".
-fn signed(before: u64, after: u64) -> String {
+pub(super) fn signed(before: u64, after: u64) -> String {
     match after.cmp(&before) {
         std::cmp::Ordering::Greater => format!("+{}", bytes(after - before)),
         std::cmp::Ordering::Less => format!("−{}", bytes(before - after)),
@@ -16,7 +16,7 @@ fn signed(before: u64, after: u64) -> String {
     }
 }
 
-fn headline(d: &Diff) -> String {
+pub(super) fn headline(d: &Diff) -> String {
     let (b, a) = (&d.before, &d.after);
     let pct = d.peak_growth_pct.map_or(String::new(), |p| format!(" ({p:+.1}%)"));
     let verb = match a.peak_allocated_bytes.cmp(&b.peak_allocated_bytes) {

@@ -2,6 +2,7 @@
 
 pub mod budget;
 pub mod diff;
+pub mod diff_html;
 pub mod facts_table;
 pub mod html;
 mod html_flame;

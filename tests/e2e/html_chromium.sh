@@ -69,4 +69,26 @@ echo "$seen" | grep -q 'first-event=event 0$' && fail "the axis did not follow t
 if grep -E 'Uncaught|ERR_' "$dir/driven-console.txt" | grep -v -E 'google|gvt1|gstatic' > "$dir/errors.txt"; then
   [ -s "$dir/errors.txt" ] && fail "console errors while driven: $(head -3 "$dir/errors.txt")"
 fi
-echo "html e2e: ok (no network, verdict and OOM request in the DOM, no console errors, screenshot not blank, flame zoom and timeline zoom work)"
+# Two runs on one picture (oomdoc diff -o diff.html): the real fragmentation pair, and two ranks of a DDP job
+# aligned by time. Both series drawn (each polyline with its points), both verdicts, no console error, offline.
+for pair in "fragmentation fragmentation-expandable event" "ddp-no-sync ddp-without-no-sync time"; do
+  set -- $pair
+  "$bin" diff "fixtures/real-gpu/$1/snapshot.pickle" "fixtures/real-gpu/$2/snapshot.pickle" --align "$3" \
+    -o "$dir/diff-$1.html"
+  timeout 120 "$chromium" "${flags[@]}" --dump-dom "file://$dir/diff-$1.html" > "$dir/diff-dom.html" \
+    2> "$dir/diff-console.txt"
+  for series in before after; do
+    n=$(grep -o "<polyline class=\"$series alloc\" points=\"[^\"]*\"" "$dir/diff-dom.html" | tr ' ' '\n' | grep -c ',' || true)
+    [ "$n" -ge 10 ] || fail "diff $1/$2: the $series series has $n points"
+  done
+  grep -q "data-align=\"$3\"" "$dir/diff-dom.html" || fail "diff $1/$2: not aligned by $3"
+  [ "$(grep -c '<h3>before</h3>\|<h3>after</h3>' "$dir/diff-dom.html")" -ge 2 ] || fail "diff $1/$2: the two verdicts"
+  if grep -E 'CONSOLE|Uncaught|ERR_' "$dir/diff-console.txt" | grep -v -E 'google|gvt1|gstatic' > "$dir/errors.txt"; then
+    [ -s "$dir/errors.txt" ] && fail "diff $1/$2: console errors: $(head -3 "$dir/errors.txt")"
+  fi
+  if [ -n "${OOMDOC_DIFF_SCREENSHOT:-}" ] && [ "$1" = fragmentation ]; then
+    timeout 120 "$chromium" "${flags[@]}" --window-size=1280,1400 --screenshot="$OOMDOC_DIFF_SCREENSHOT" \
+      "file://$dir/diff-$1.html" 2> /dev/null
+  fi
+done
+echo "html e2e: ok (no network, verdict and OOM request in the DOM, no console errors, screenshot not blank, flame zoom and timeline zoom work; diff.html draws both runs)"

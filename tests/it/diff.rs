@@ -71,3 +71,49 @@ fn two_kept_json_reports_compare_as_their_snapshots_do() {
     assert_eq!(stdout(&oomdoc(&["diff", &reports[0], AFTER, "--format", "json"])), from_snapshots);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The points of the polyline of `class` in a page.
+fn points(page: &str, class: &str) -> Vec<(f64, f64)> {
+    let tag = format!("<polyline class=\"{class}\" points=\"");
+    let at = page.find(&tag).unwrap_or_else(|| panic!("no {class} series")) + tag.len();
+    let list = &page[at..at + page[at..].find('"').unwrap()];
+    list.split(' ')
+        .map(|p| {
+            let (x, y) = p.split_once(',').unwrap();
+            (x.parse().unwrap(), y.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn the_page_draws_both_runs_on_one_axis_with_both_verdicts() {
+    let page = stdout(&oomdoc(&["diff", BEFORE, AFTER, "--format", "html"]));
+    let (before, after) = (points(&page, "before alloc"), points(&page, "after alloc"));
+    assert!(before.len() >= 10 && after.len() >= 10, "{} / {} points", before.len(), after.len());
+    // One x axis: the before run ended at its OOM, earlier than the after run, which spans the width.
+    let right = |p: &[(f64, f64)]| p.iter().map(|q| q.0).fold(0.0, f64::max);
+    assert!(right(&before) < right(&after), "{} vs {}", right(&before), right(&after));
+    assert!(page.contains("before: OOM") && page.contains("after: end"), "each run's end is said");
+    assert!(page.contains("<h3>before</h3>") && page.contains("<h3>after</h3>"));
+    assert!(page.contains("Primary cause: fragmentation"), "the before verdict");
+    assert!(page.contains("class=\"grew\"") && page.contains("class=\"shrank\""), "diverging bars both ways");
+    assert!(!page.contains("http://") && !page.contains("src=\"http"), "nothing from the network");
+
+    // By time when both traces have times; -o diff.html picks the page by its name.
+    let dir = std::env::temp_dir().join(format!("oomdoc-diff-html-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("diff.html");
+    let o = oomdoc(&["diff", BEFORE, AFTER, "--align", "time", "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let timed = std::fs::read_to_string(&out).unwrap();
+    assert!(timed.contains("data-align=\"time\"") && timed.contains("seconds since each trace"), "aligned by time");
+
+    // A side kept as a JSON report holds no timeline: said, and the rest of the page is there.
+    let kept = dir.join("before.json");
+    let o = oomdoc(&["analyze", BEFORE, "--top", "50", "-o", kept.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let page = stdout(&oomdoc(&["diff", kept.to_str().unwrap(), AFTER, "--format", "html"]));
+    assert!(page.contains("A timeline needs both runs' traces"), "the missing timeline is said");
+    assert!(page.contains("largest free block"), "the rest of the comparison is there");
+    let _ = std::fs::remove_dir_all(&dir);
+}
