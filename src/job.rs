@@ -290,3 +290,54 @@ fn peak_rss() -> String {
         .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| l[6..].trim().to_string()))
         .map_or(String::new(), |v| format!(", peak RSS {v}"))
 }
+
+/// One side of `oomdoc diff` (and the MCP server's `diff`), in its JSON form: a snapshot analysed here at `at`, or an
+/// oomdoc JSON report kept from an earlier run; with the timeline of its fullest GPU when it is a snapshot (for the
+/// page; a kept report holds none).
+pub fn compared_run(
+    path: &std::path::Path,
+    at: &crate::analysis::At,
+) -> Result<(serde_json::Value, Option<crate::analysis::chart::Chart>), Error> {
+    let io = |source| Error::Io { path: path.display().to_string(), source };
+    let head = {
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        let mut head = vec![0u8; 4096];
+        let n = std::io::Read::read(&mut f, &mut head).map_err(io)?;
+        head.truncate(n);
+        head
+    };
+    if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        if crate::ingest::oomdoc_report::sniff(&text) {
+            return serde_json::from_str(&text).map(|v| (v, None)).map_err(|e| {
+                Error::Input(crate::ingest::IngestError::Input {
+                    path: path.display().to_string(),
+                    source: crate::ingest::ReadError::Unrecognised(format!("not valid JSON: {e}")),
+                })
+            });
+        }
+    }
+    let mut options = crate::job::JobOptions::new([path.to_path_buf()]);
+    options.analysis.at = at.clone();
+    options.analysis.top = 50;
+    let mut job = Job::read(&options)?;
+    if !job.failed.is_empty() {
+        return Err(job.failed.swap_remove(0));
+    }
+    let analysed = job.analyze().collect::<Result<Vec<_>, _>>()?;
+    if analysed.len() != 1 {
+        return Err(Error::Usage(format!(
+            "{}: oomdoc diff compares one snapshot with one snapshot; this holds {}",
+            path.display(),
+            analysed.len()
+        )));
+    }
+    let mut analysis = analysed.into_iter().next().expect("one").analysis;
+    let value = serde_json::to_value(&analysis).expect("analysis serialises");
+    // The device the diff's sides describe: the fullest, chosen as `analysis::diff` chooses it.
+    let top = value["devices"]
+        .as_array()
+        .and_then(|ds| ds.iter().enumerate().max_by_key(|(_, d)| crate::ingest::oomdoc_report::peaks(d).0))
+        .map(|(i, _)| i);
+    Ok((value, top.and_then(|i| analysis.devices[i].chart.take())))
+}

@@ -10,6 +10,7 @@ pub mod budget;
 pub mod huge_pages;
 pub mod ingest;
 pub mod job;
+pub mod mcp;
 pub mod report;
 pub mod rules;
 pub mod threads;

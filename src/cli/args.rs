@@ -89,6 +89,13 @@ pub enum Command {
     /// The memory budget before a run: every byte per GPU with its formula, a verdict, and what would fit.
     #[command(long_about = oomdoc::budget::args::BUDGET_HELP)]
     Budget(BudgetCommand),
+    /// Serve the analysis to a coding assistant: a Model Context Protocol server on stdin/stdout.
+    #[command(after_help = "Tools: analyze (files, folders, archives; at, device, top), diff (before, after), \
+        explain (a rule), list_inputs (a folder). Each returns the report's JSON schema; a bad input is a tool \
+        error with the command's one-line message.\n\n\
+        In an assistant's MCP configuration:\n  \
+        {\"mcpServers\": {\"oomdoc\": {\"command\": \"oomdoc\", \"args\": [\"mcp\"]}}}")]
+    Mcp,
 }
 
 #[derive(clap::Args)]

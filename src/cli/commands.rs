@@ -27,6 +27,10 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
             write_out(None, &report::rule_list::list(&Checklist::load(args.rules.as_deref())?.rules))?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Mcp => {
+            oomdoc::mcp::serve()?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Explain(args) => {
             let rules = Checklist::load(args.rules.as_deref())?.rules;
             write_out(None, &report::rule_list::explain(&rules, &args.rule)?)?;
@@ -121,56 +125,11 @@ fn over_threshold(ranks: &[report::RankOutput], max_peak: Option<u64>, max_reser
 }
 
 fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
-    // Each side: a snapshot (analysed here) or an oomdoc JSON report kept from an earlier run.
-    // With the timeline of its fullest GPU when it is a snapshot analysed here (for the page).
-    let read = |path: &PathBuf| -> Result<(serde_json::Value, Option<oomdoc::analysis::chart::Chart>), Error> {
-        let io = |source| Error::Io { path: path.display().to_string(), source };
-        let head = {
-            let mut f = std::fs::File::open(path).map_err(io)?;
-            let mut head = vec![0u8; 4096];
-            let n = std::io::Read::read(&mut f, &mut head).map_err(io)?;
-            head.truncate(n);
-            head
-        };
-        if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
-            let text = std::fs::read_to_string(path).map_err(io)?;
-            if oomdoc::ingest::oomdoc_report::sniff(&text) {
-                return serde_json::from_str(&text).map(|v| (v, None)).map_err(|e| {
-                    Error::Input(oomdoc::ingest::IngestError::Input {
-                        path: path.display().to_string(),
-                        source: oomdoc::ingest::ReadError::Unrecognised(format!("not valid JSON: {e}")),
-                    })
-                });
-            }
-        }
-        let mut options = oomdoc::job::JobOptions::new([path.clone()]);
-        options.analysis.at = args.at.clone();
-        options.analysis.top = 50;
-        let mut job = Job::read(&options)?;
-        if !job.failed.is_empty() {
-            return Err(job.failed.swap_remove(0));
-        }
-        let analysed = job.analyze().collect::<Result<Vec<_>, _>>()?;
-        if analysed.len() != 1 {
-            return Err(Error::Usage(format!(
-                "{}: oomdoc diff compares one snapshot with one snapshot; this holds {}",
-                path.display(),
-                analysed.len()
-            )));
-        }
-        let mut analysis = analysed.into_iter().next().expect("one").analysis;
-        let value = serde_json::to_value(&analysis).expect("analysis serialises");
-        // The device the diff's sides describe: the fullest, chosen as `analysis::diff` chooses it.
-        let top = value["devices"]
-            .as_array()
-            .and_then(|ds| ds.iter().enumerate().max_by_key(|(_, d)| oomdoc::ingest::oomdoc_report::peaks(d).0))
-            .map(|(i, _)| i);
-        Ok((value, top.and_then(|i| analysis.devices[i].chart.take())))
-    };
     let format = args
         .format
         .or_else(|| args.output.as_deref().and_then(report::Format::from_file_name))
         .unwrap_or(report::Format::Text);
+    let read = |p: &PathBuf| oomdoc::job::compared_run(p, &args.at);
     let ((before, before_chart), (after, after_chart)) = (read(&args.before)?, read(&args.after)?);
     let d = oomdoc::analysis::diff::of(&before, &after);
     let page = match format {

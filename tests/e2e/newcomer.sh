@@ -76,6 +76,7 @@ ran=0; skipped=0
 while IFS= read -r cmd; do
   case "$cmd" in
     "oomdoc tui "*) echo "newcomer: skip (interactive; tests/e2e/tui_tmux.sh drives it): $cmd"; skipped=$((skipped+1)); continue ;;
+    "oomdoc mcp"*) echo "newcomer: skip (a server on stdin; tests/mcp/client.py drives it): $cmd"; skipped=$((skipped+1)); continue ;;
   esac
   # A pipe into another tool is the user's business: oomdoc's part is what comes before it.
   cmd=${cmd%%|*}

@@ -1,7 +1,7 @@
 //! The library's modules form layers, and a module only uses the layers below it (ARCHITECTURE.md):
 //!
 //! ```text
-//!   tui                  browse a job's timeline             (uses report, job and below)
+//!   tui · mcp            browse a job's timeline · serve it to an assistant   (use report, job and below)
 //!   report               text, Markdown, JSON, budget sheet  (renders what job and analysis made)
 //!   job                  the pipeline: read → analyse → check
 //!   rules                the checklist: facts → findings
@@ -28,6 +28,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("job", 5),
     ("report", 6),
     ("tui", 7),
+    ("mcp", 7),
 ];
 
 /// The layers below this one have their own error types (`ingest::IngestError`, `budget::BudgetError`,

@@ -21,6 +21,7 @@ mod html_report;
 mod job_view;
 mod layers;
 mod log_verdict;
+mod mcp;
 mod nsys_sqlite;
 mod nvidia_smi;
 mod oom_messages;
