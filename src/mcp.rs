@@ -56,6 +56,40 @@ pub struct DiffParams {
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
+pub struct WhatifParams {
+    /// The failed job's snapshot(s), with its logs if any (an OOM message gives the GPU's capacity).
+    pub files: Vec<String>,
+    /// Allocator settings to try, as in PYTORCH_CUDA_ALLOC_CONF: "expandable_segments:True",
+    /// "max_split_size_mb:512", "garbage_collection_threshold:0.6" …
+    #[serde(default)]
+    pub set: Vec<String>,
+    /// Bytes of a kind scaled: "activation=0.75" (a smaller batch), "kv_cache=0.5", or "activation=auto" (the
+    /// largest scale that fits).
+    #[serde(default)]
+    pub scale: Vec<String>,
+    /// Allocations of a line left out: "train.py:88" (a leak freed).
+    #[serde(default)]
+    pub drop_stack: Vec<String>,
+    /// The GPU's memory when nothing in the files says it: "80GiB".
+    pub gpu_memory: Option<String>,
+    /// Only this GPU.
+    pub device: Option<i64>,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+pub struct FactsParams {
+    /// The files to analyze (as for `analyze`).
+    pub files: Vec<String>,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+pub struct BudgetParams {
+    /// The flags of `oomdoc budget`, one word each: ["--params", "7e9", "--train", "--batch", "8", "--seq",
+    /// "4096", "--gpu", "h100-80gb"], or a model's config: ["--config", "config.json", "--infer", …].
+    pub args: Vec<String>,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
 pub struct ExplainParams {
     /// A rule's id, as findings name it: "fragmentation", "leaked-references", "unbounded-kv-growth", …
     pub rule: String,
@@ -161,6 +195,53 @@ fn diff(p: DiffParams) -> Result<Value, String> {
     serde_json::to_value(crate::analysis::diff::of(&before, &after)).map_err(|e| e.to_string())
 }
 
+fn whatif(p: WhatifParams) -> Result<Value, String> {
+    let files = checked(&p.files)?;
+    let gpu_memory = p.gpu_memory.as_deref().map(crate::units::parse_size_arg).transpose()?;
+    let plan = crate::analysis::whatif::Plan::parse(&p.set, &p.scale, &p.drop_stack, gpu_memory)?;
+    if plan.is_empty() {
+        return Err("say what to try: set (a setting), scale (a kind's bytes) or drop_stack (a line)".into());
+    }
+    let mut options = JobOptions::new(files);
+    options.load.show_progress = false;
+    let out =
+        report::whatif::run(options, &plan, false, p.device, None, &Checklist::builtin()).map_err(|e| e.to_string())?;
+    if let Some(e) = out.errors.first() {
+        return Err(e.clone());
+    }
+    if out.results.is_empty() {
+        return Err("no input holds an allocator trace (a snapshot recorded with _record_memory_history)".into());
+    }
+    Ok(report::whatif::whatif_json(&out.results))
+}
+
+fn facts(p: FactsParams) -> Result<Value, String> {
+    let mut options = JobOptions::new(checked(&p.files)?);
+    options.load.show_progress = false;
+    let job = Job::read(&options).map_err(|e| e.to_string())?;
+    if let Some(e) = job.failed.first() {
+        return Err(e.to_string());
+    }
+    let analysed = job.analyze().collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    let analyses: Vec<&crate::analysis::Analysis> = analysed.iter().map(|a| &a.analysis).collect();
+    serde_json::from_str(&report::facts_table::render(&analyses, true)).map_err(|e| e.to_string())
+}
+
+fn budget(p: BudgetParams) -> Result<Value, String> {
+    #[derive(clap::Parser)]
+    #[command(name = "budget", no_binary_name = true)]
+    struct Flags {
+        #[command(flatten)]
+        budget: crate::budget::args::BudgetArgs,
+    }
+    // clap's message is several lines with a usage: the first says what was wrong.
+    let flags = <Flags as clap::Parser>::try_parse_from(&p.args).map_err(|e| {
+        e.to_string().lines().next().unwrap_or("bad budget flags").trim_start_matches("error: ").to_string()
+    })?;
+    let b = crate::budget::args::budget(&flags.budget).map_err(|e| e.to_string())?;
+    serde_json::from_str(&report::budget::render(&b, Format::Json)).map_err(|e| e.to_string())
+}
+
 fn explain(p: ExplainParams) -> Result<String, String> {
     let rules = Checklist::builtin().rules;
     report::rule_list::explain(&rules, &p.rule).map_err(|e: Error| e.to_string())
@@ -231,6 +312,28 @@ impl Server {
     #[tool(name = "diff")]
     async fn diff_tool(&self, Parameters(p): Parameters<DiffParams>) -> Result<CallToolResult, ErrorData> {
         run(move || diff(p), CallToolResult::structured).await
+    }
+
+    /// Would a change have avoided the OOM? Replays the trace through a model of PyTorch's caching allocator under
+    /// other settings (set), with a kind's bytes scaled (scale: a smaller batch) or a line's allocations left out
+    /// (drop_stack: a leak fixed), and says the peak and whether it fits, on the user's own run.
+    #[tool(name = "whatif")]
+    async fn whatif_tool(&self, Parameters(p): Parameters<WhatifParams>) -> Result<CallToolResult, ErrorData> {
+        run(move || whatif(p), CallToolResult::structured).await
+    }
+
+    /// Every fact the checklist's rules test, with its value, per GPU and for the job: to see why a rule did or did
+    /// not fire.
+    #[tool(name = "facts")]
+    async fn facts_tool(&self, Parameters(p): Parameters<FactsParams>) -> Result<CallToolResult, ErrorData> {
+        run(move || facts(p), CallToolResult::structured).await
+    }
+
+    /// Before a run: the memory budget per GPU of a model and a run (every byte with its formula), whether it fits,
+    /// and what would. Takes the flags of `oomdoc budget`.
+    #[tool(name = "budget")]
+    async fn budget_tool(&self, Parameters(p): Parameters<BudgetParams>) -> Result<CallToolResult, ErrorData> {
+        run(move || budget(p), CallToolResult::structured).await
     }
 
     /// What a rule of the OOM checklist checks, why, when it fires and its fix.

@@ -91,7 +91,8 @@ pub enum Command {
     Budget(BudgetCommand),
     /// Serve the analysis to a coding assistant: a Model Context Protocol server on stdin/stdout.
     #[command(after_help = "Tools: analyze (files, folders, archives; at, device, top), diff (before, after), \
-        explain (a rule), list_inputs (a folder). Each returns the report's JSON schema; a bad input is a tool \
+        whatif (files; set, scale, drop_stack), facts (files), budget (the budget command's flags), explain (a \
+        rule), list_inputs (a folder). Each returns the report's JSON schema; a bad input is a tool \
         error with the command's one-line message.\n\n\
         In an assistant's MCP configuration:\n  \
         {\"mcpServers\": {\"oomdoc\": {\"command\": \"oomdoc\", \"args\": [\"mcp\"]}}}")]

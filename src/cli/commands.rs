@@ -154,7 +154,6 @@ fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
 
 fn whatif(args: WhatifArgs) -> Result<ExitCode, Error> {
     use oomdoc::analysis::whatif;
-    use report::whatif::{InputValidation, InputWhatIfs};
     let plan =
         whatif::Plan::parse(&args.set, &args.scale, &args.drop_stack, args.input.gpu_memory).map_err(Error::Usage)?;
     if args.validate && !plan.is_empty() {
@@ -162,50 +161,20 @@ fn whatif(args: WhatifArgs) -> Result<ExitCode, Error> {
             "--validate replays the recorded settings; it takes no --set, --scale or --drop-stack".into(),
         ));
     }
-    let mut options = args.input.job_options(10);
-    options.analysis.gpu_memory = None;
-    // Validation checks each input on its own (a folder with its logs), so one run's OOM message does not set
-    // another's capacity; what-ifs read the inputs as one job.
-    let jobs: Vec<Vec<std::path::PathBuf>> = if args.validate {
-        options.files.iter().map(|f| vec![f.clone()]).collect()
-    } else {
-        vec![options.files.clone()]
-    };
     let checklist = Checklist::load(args.input.rules.as_deref())?;
-    let mut failed = false;
-    let (mut validations, mut results) = (Vec::new(), Vec::new());
-    for files in jobs {
-        options.files = files;
-        let job = Job::read(&options)?;
-        failed |= report_failed(&job);
-        for (_, tl) in job.ranked_timelines() {
-            let input = tl.inputs.first().map_or(String::new(), |i| i.path.clone());
-            let devices =
-                tl.devices.iter().filter(|d| !d.events.is_empty() && args.input.device.is_none_or(|n| n == d.device));
-            let (mut vals, mut wifs) = (Vec::new(), Vec::new());
-            for dev in devices {
-                let replay = oomdoc::timeline::replay::Replay::new(dev, tl.settings.as_ref());
-                if args.validate {
-                    vals.push(whatif::validate(tl, dev, &replay, args.input.memory_cap));
-                    continue;
-                }
-                match whatif::run_device(tl, dev, &replay, &checklist.categories, &plan, args.input.memory_cap) {
-                    Ok(w) => wifs.push(w),
-                    Err(e) => {
-                        eprintln!("oomdoc: error: {input}: {e}");
-                        failed = true;
-                    }
-                }
-            }
-            if !vals.is_empty() {
-                validations.push(InputValidation { input: input.clone(), devices: vals });
-            }
-            if !wifs.is_empty() {
-                results.push(InputWhatIfs { input, devices: wifs });
-            }
-        }
-        std::mem::forget(job);
+    let outcome = report::whatif::run(
+        args.input.job_options(10),
+        &plan,
+        args.validate,
+        args.input.device,
+        args.input.memory_cap,
+        &checklist,
+    )?;
+    for e in &outcome.errors {
+        eprintln!("oomdoc: error: {e}");
     }
+    let failed = !outcome.errors.is_empty();
+    let report::whatif::Outcome { validations, results, .. } = outcome;
     if validations.is_empty() && results.is_empty() && !failed {
         eprintln!("oomdoc: error: no input holds an allocator trace (a snapshot recorded with _record_memory_history)");
         return Ok(ExitCode::from(2));
@@ -220,9 +189,7 @@ fn whatif(args: WhatifArgs) -> Result<ExitCode, Error> {
         (true, false) if args.format == report::Format::Markdown => report::whatif::validation_markdown(&validations),
         (true, false) => report::whatif::validation_text(&validations),
         (false, true) => {
-            serde_json::to_string_pretty(&serde_json::json!({"schema_version": 1, "inputs": results}))
-                .expect("serialises")
-                + "\n"
+            serde_json::to_string_pretty(&report::whatif::whatif_json(&results)).expect("serialises") + "\n"
         }
         (false, false) => report::whatif::whatif_text(&results),
     };

@@ -19,6 +19,69 @@ pub struct InputValidation {
     pub devices: Vec<Validation>,
 }
 
+/// What `oomdoc whatif` found: the validation rows or the what-ifs of each input, and the errors met on the way
+/// (each one line, the input named; the others are still answered).
+#[derive(Default)]
+pub struct Outcome {
+    pub validations: Vec<InputValidation>,
+    pub results: Vec<InputWhatIfs>,
+    pub errors: Vec<String>,
+}
+
+/// Runs `plan` (or, with `validate`, the recorded settings against the recorded segments) on every GPU with a trace
+/// of the inputs in `options` (`device`: only that one). Validation reads each input as its own job, so one run's
+/// OOM message does not set another's capacity; what-ifs read the inputs as one job. Shared by the command and the
+/// MCP server.
+pub fn run(
+    mut options: crate::job::JobOptions,
+    plan: &crate::analysis::whatif::Plan,
+    validate: bool,
+    device: Option<i64>,
+    memory_cap: Option<u64>,
+    checklist: &crate::job::Checklist,
+) -> Result<Outcome, crate::Error> {
+    use crate::analysis::whatif;
+    options.analysis.gpu_memory = None;
+    let jobs: Vec<Vec<std::path::PathBuf>> =
+        if validate { options.files.iter().map(|f| vec![f.clone()]).collect() } else { vec![options.files.clone()] };
+    let mut out = Outcome::default();
+    for files in jobs {
+        options.files = files;
+        let job = crate::job::Job::read(&options)?;
+        out.errors.extend(job.failed.iter().map(|e| e.to_string()));
+        for (_, tl) in job.ranked_timelines() {
+            let input = tl.inputs.first().map_or(String::new(), |i| i.path.clone());
+            let devices = tl.devices.iter().filter(|d| !d.events.is_empty() && device.is_none_or(|n| n == d.device));
+            let (mut vals, mut wifs) = (Vec::new(), Vec::new());
+            for dev in devices {
+                let replay = crate::timeline::replay::Replay::new(dev, tl.settings.as_ref());
+                if validate {
+                    vals.push(whatif::validate(tl, dev, &replay, memory_cap));
+                    continue;
+                }
+                match whatif::run_device(tl, dev, &replay, &checklist.categories, plan, memory_cap) {
+                    Ok(w) => wifs.push(w),
+                    Err(e) => out.errors.push(format!("{input}: {e}")),
+                }
+            }
+            if !vals.is_empty() {
+                out.validations.push(InputValidation { input: input.clone(), devices: vals });
+            }
+            if !wifs.is_empty() {
+                out.results.push(InputWhatIfs { input, devices: wifs });
+            }
+        }
+        // Freeing millions of small records takes longer than the process exit that reclaims them anyway.
+        std::mem::forget(job);
+    }
+    Ok(out)
+}
+
+/// The what-ifs as the JSON document `oomdoc whatif --format json` writes.
+pub fn whatif_json(results: &[InputWhatIfs]) -> serde_json::Value {
+    serde_json::json!({"schema_version": 1, "inputs": results})
+}
+
 fn answer(w: &WhatIf) -> String {
     if let Some(l) = w.undecided_above {
         return format!("undecided: fits only with a cap above {} (give --memory-cap)", bytes(l));

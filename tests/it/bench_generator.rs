@@ -89,15 +89,7 @@ fn the_python_stacks_variant_has_the_statistics_of_python_stack_captures() {
     let mut range = [(f64::MAX, f64::MIN); 3];
     let keys = ["lists_per_entry", "bytes_per_entry", "allocs_without_frames"];
     let mut measured = Vec::new();
-    let real_gpu = std::fs::read_dir("fixtures/real-gpu").expect("fixtures/real-gpu");
-    let files = std::fs::read_dir("fixtures/real")
-        .expect("fixtures/real")
-        .map(|e| e.expect("entry").path())
-        .chain(real_gpu.map(|e| e.expect("entry").path().join("snapshot.pickle")));
-    for path in files {
-        if path.extension().is_none_or(|x| x != "pickle") || !path.is_file() {
-            continue;
-        }
+    for path in crate::common::real_snapshots() {
         let s = stats(&path);
         if s["entries"].as_u64().unwrap_or(0) < 1000 || s["allocs_without_frames"].as_f64().unwrap_or(0.0) == 0.0 {
             continue;

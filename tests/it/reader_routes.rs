@@ -44,15 +44,7 @@ fn generate(tag: &str, args: &[&str]) -> PathBuf {
 #[test]
 fn real_traces_are_read_by_learnt_layout() {
     let mut checked = 0;
-    let real_gpu = std::fs::read_dir("fixtures/real-gpu").expect("fixtures/real-gpu");
-    let files = std::fs::read_dir("fixtures/real")
-        .expect("fixtures/real")
-        .map(|e| e.expect("entry").path())
-        .chain(real_gpu.map(|e| e.expect("entry").path().join("snapshot.pickle")));
-    for path in files {
-        if path.extension().is_none_or(|x| x != "pickle") || !path.is_file() {
-            continue;
-        }
+    for path in crate::common::real_snapshots() {
         let (r, _) = routes(&path);
         // A short trace is mostly the first entries of its layouts.
         if r.entries < 1000 {

@@ -30,7 +30,8 @@ async def main(binary):
             check(init.server_info.name == "oomdoc", f"server name {init.server_info.name!r}")
             check("analyze" in (init.instructions or ""), "the instructions teach when to call analyze")
             tools = {t.name: t for t in (await session.list_tools()).tools}
-            check(set(tools) >= {"analyze", "diff", "explain", "list_inputs"}, f"tools {sorted(tools)}")
+            check(set(tools) >= {"analyze", "diff", "whatif", "facts", "budget", "explain", "list_inputs"},
+                  f"tools {sorted(tools)}")
             check("files" in tools["analyze"].input_schema["properties"], "analyze takes files")
 
             # A real snapshot: the report's own schema, with the verdict.
@@ -63,6 +64,23 @@ async def main(binary):
             check(r.structured_content["findings_resolved"] == ["fragmentation"], str(r.structured_content)[:300])
             check(all("before_bytes" in d for d in r.structured_content["deltas"]), "typed deltas")
 
+            # Proven on the trace: expandable segments on the real fragmentation capture.
+            # (its log's OOM message gives the GPU's capacity)
+            r = await session.call_tool("whatif", {
+                "files": [os.path.join(REAL, "fragmentation", n) for n in ("snapshot.pickle", "stderr.log")],
+                "set": ["expandable_segments:True"],
+            })
+            check(not r.is_error, f"whatif failed: {r.content}")
+            w = r.structured_content["inputs"][0]["devices"][0]["whatif"]
+            check(any(x["fits"] is True for x in w), f"whatif: {str(w)[:300]}")
+            r = await session.call_tool("facts", {"files": [os.path.join(REAL, "fragmentation", "snapshot.pickle")]})
+            check(not r.is_error and "oom.requested_bytes" in str(r.structured_content), "facts")
+            r = await session.call_tool("budget", {"args": ["--params", "7e9", "--train", "--batch", "1", "--seq",
+                                                            "2048", "--gpu", "h100-80gb"]})
+            check(not r.is_error, f"budget failed: {r.content}")
+            r = await session.call_tool("budget", {"args": ["--params", "7e9"]})
+            check(r.is_error and "\n" not in r.content[0].text, f"budget without a run: {r.content}")
+
             r = await session.call_tool("explain", {"rule": "fragmentation"})
             check(not r.is_error and "expandable_segments" in r.content[0].text, "explain")
             r = await session.call_tool("list_inputs", {"path": os.path.join(REAL, "fragmentation")})
@@ -78,8 +96,8 @@ async def main(binary):
             check(r.is_error and "the rules are" in r.content[0].text, "an unknown rule")
             r = await session.call_tool("explain", {"rule": "leaked-references"})
             check(not r.is_error, "the server still answers after errors")
-    print("mcp e2e: ok (initialize, tools, analyze on a snapshot and an archive, diff, explain, list_inputs, "
-          "bad inputs as one-line tool errors)")
+    print("mcp e2e: ok (initialize, tools, analyze on a snapshot and an archive, diff, whatif, facts, budget, "
+          "explain, list_inputs, bad inputs as one-line tool errors)")
 
 
 if __name__ == "__main__":

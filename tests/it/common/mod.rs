@@ -97,3 +97,14 @@ pub const DDP_ACCUM_FILES: [&str; 7] = [
     "ddp_accum_nvtx_sum.csv",
     "ddp_accum_osrt_sum.csv",
 ];
+
+/// Every real snapshot in the corpus: `fixtures/real/*.pickle` and each real GPU capture's `snapshot.pickle`.
+pub fn real_snapshots() -> Vec<PathBuf> {
+    let real_gpu = std::fs::read_dir("fixtures/real-gpu").expect("fixtures/real-gpu");
+    std::fs::read_dir("fixtures/real")
+        .expect("fixtures/real")
+        .map(|e| e.expect("entry").path())
+        .chain(real_gpu.map(|e| e.expect("entry").path().join("snapshot.pickle")))
+        .filter(|p| p.extension().is_some_and(|x| x == "pickle") && p.is_file())
+        .collect()
+}
