@@ -151,7 +151,7 @@ pub fn message_oom(m: &OomMessage) -> OomReport {
         source: OomSource::Log,
         requested_bytes: m.requested_bytes,
         device_free_bytes: m.free_bytes,
-        device_free_estimated: m.device_type == "XPU",
+        device_free_estimated: Backend::of_message(&m.device_type) == Some(Backend::Xpu),
         time_us: m.time_us,
         event_index: None,
         stream: None,

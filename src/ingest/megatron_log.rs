@@ -13,14 +13,10 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
-use super::text::{find_stamp, lines, strip_ansi};
+use super::text::{find_stamp, lines, re, strip_ansi};
 use crate::timeline::{MegatronLog, MegatronMemory};
 
 const MIB: f64 = (1u64 << 20) as f64;
-
-fn re(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
-    cell.get_or_init(|| Regex::new(pattern).expect("valid regex"))
-}
 
 fn mib(s: &str) -> Option<u64> {
     s.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0).map(|v| (v * MIB).round() as u64)

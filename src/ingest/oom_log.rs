@@ -32,7 +32,7 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
-use super::text::{find_stamp, lines, parse_size, split_rank_prefix, strip_log_prefix};
+use super::text::{find_stamp, lines, parse_size, re, split_rank_prefix, strip_log_prefix};
 use crate::timeline::{Malformed, OomKind, OomLimit, OomMessage, Stamp};
 
 /// What reading a log gave.
@@ -45,10 +45,6 @@ pub struct LogParse {
 /// Longest logical message, in lines: a 200-column terminal wraps a full ≥ 2.1 message into 4; a 40-column one
 /// into 20.
 const MAX_LINES: usize = 24;
-
-fn re(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
-    cell.get_or_init(|| Regex::new(pattern).expect("valid regex"))
-}
 
 /// A line that reports an OOM (the start of a message).
 fn anchor(line: &str) -> bool {

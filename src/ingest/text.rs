@@ -141,7 +141,8 @@ fn month_number(name: &str) -> Option<u32> {
     MONTHS.iter().position(|m| name.eq_ignore_ascii_case(m)).map(|i| i as u32 + 1)
 }
 
-fn re(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
+/// A regex compiled once, on first use, into `cell` (the text readers' one way to hold their patterns).
+pub(crate) fn re(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
     cell.get_or_init(|| Regex::new(pattern).expect("valid regex"))
 }
 

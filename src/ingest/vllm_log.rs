@@ -19,12 +19,8 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
-use super::text::{find_stamp, lines, parse_size, strip_ansi};
+use super::text::{find_stamp, lines, parse_size, re, strip_ansi};
 use crate::timeline::{KvStat, Preemption, ServingLog};
-
-fn re(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
-    cell.get_or_init(|| Regex::new(pattern).expect("valid regex"))
-}
 
 fn num(s: &str) -> Option<u64> {
     s.replace(',', "").parse().ok()
