@@ -14,6 +14,7 @@ mod budget;
 mod cli;
 mod diff;
 mod docs;
+mod framework_corpus;
 mod generated_fixtures;
 mod golden;
 mod growth_shapes;
