@@ -30,7 +30,16 @@ done
 # the job-level combinations the README shows
 inputs+=("fixtures/generated/joint/nccl-with-smi.pickle fixtures/generated/joint/nccl-with-smi.nvidia-smi.csv fixtures/generated/joint/nccl-with-smi.train.log")
 for d in fixtures/real-gpu/*/; do
-  inputs+=("${d}snapshot.pickle ${d}stderr.log ${d}nvidia-smi.csv")
+  case "$d" in */frameworks/) continue ;; esac
+  if [ -f "${d}snapshot.pickle" ]; then
+    inputs+=("${d}snapshot.pickle ${d}stderr.log ${d}nvidia-smi.csv")
+  else
+    inputs+=("$d")  # captured by oomdoc's helpers: oom-0.pickle and its log, read as the folder
+  fi
+done
+# the framework corpus, each folder as the job left it (the DDP ones are jobs of four ranks)
+for d in fixtures/real-gpu/frameworks/*/; do
+  inputs+=("$d")
 done
 for f in fixtures/generated/verdict/*.nvidia-smi.csv; do
   inputs+=("${f%.nvidia-smi.csv}.pickle $f")

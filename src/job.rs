@@ -104,6 +104,12 @@ pub struct Analysed<'t> {
     pub replays: Vec<Replay<'t>>,
 }
 
+/// A snapshot's file name without its folder and compression suffix: `oom-2.pickle` for `/tmp/x/oom-2.pickle.xz`.
+fn snapshot_name(path: &str) -> String {
+    let name = path.rsplit(['/', '\\']).next().unwrap_or(path);
+    [".xz", ".zst", ".gz", ".bz2", ".lz4"].iter().find_map(|ext| name.strip_suffix(ext)).unwrap_or(name).to_string()
+}
+
 impl Job {
     /// Reads every input. The checklist and the budget are made while the inputs are read (neither needs the
     /// other); a broken rule file or model is an error before any input's.
@@ -119,7 +125,16 @@ impl Job {
             (setup(), read)
         });
         let (checklist, prediction) = setup?;
-        let ingest::Loaded { timelines, timeline_seq, deferred, joiner, reported, failed } = read;
+        let ingest::Loaded { timelines, timeline_seq, deferred, joiner, mut reported, failed } = read;
+        // oomdoc.record() writes each rank's JSON report beside its snapshot: given both, the snapshot is the rank
+        // (analysed here, in full) and the report a copy of it, not another rank.
+        let snapshots: std::collections::HashSet<String> = timelines
+            .iter()
+            .flat_map(|t| t.inputs.iter().filter(|i| i.kind == crate::timeline::InputKind::PytorchSnapshot))
+            .map(|i| snapshot_name(&i.path))
+            .chain(deferred.iter().map(|(_, p)| snapshot_name(&p.to_string_lossy())))
+            .collect();
+        reported.retain(|r| !snapshots.contains(&snapshot_name(&r.input)));
         if options.timing {
             eprintln!(
                 "oomdoc: read {} files in {:.3} s{}",

@@ -371,7 +371,8 @@ fn merged_findings(ranks_in: &[ReportedRank], ranks: &[RankRow]) -> Vec<MergedFi
     let of = ranks.iter().map(|r| r.rank).collect::<std::collections::BTreeSet<_>>().len();
     let mut merged: Vec<(MergedFinding, Vec<Option<String>>)> = Vec::new();
     for (i, a) in ranks_in.iter().enumerate() {
-        for f in &a.findings {
+        // A note that explains none of the memory is no cause across ranks either.
+        for f in a.findings.iter().filter(|f| !(f.severity == Severity::Info && f.bytes == Some(0))) {
             let Some(rank) = rank_of(i, f.device) else { continue };
             let sev = f.severity;
             match merged.iter_mut().find(|(m, _)| m.rule == f.rule) {

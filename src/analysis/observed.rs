@@ -346,6 +346,14 @@ pub fn outside_pytorch_facts(f: &mut Facts, r: &DeviceReport, gpu_memory: Option
     if let (Some(req), Some(free)) = (requested, free) {
         let capped = allowed.is_some_and(|a| a < total);
         let decided = !capped && free < req && r.reserved_bytes + req + BARE_CONTEXT <= total;
+        // The other way round: a request refused under the process's own cap, or one the driver had room for, was
+        // not refused for what is held outside PyTorch — other processes sharing the GPU included.
+        f.flag(
+            "oom.outside_irrelevant",
+            capped || free >= req,
+            "the request was refused under the process's cap, or the driver had more free than it asked: memory \
+             outside PyTorch did not decide the OOM",
+        );
         f.flag(
             "oom.outside_decided",
             decided,

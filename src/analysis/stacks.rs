@@ -161,6 +161,30 @@ pub fn folded(tl: &Timeline, stack: StackId, max_lines: usize) -> Vec<(bool, Str
     out
 }
 
+/// Where the user's own line only calls into a framework (`trainer.train()`, `model.generate(…)`), the model code
+/// that allocated: the innermost `forward` of a library's Python file outside torch itself (`modeling_llama.py:68
+/// in forward`, a timm or torch-geometric layer). None when the user's line is the model's own code.
+fn model_frame(tl: &Timeline, stack: StackId) -> Option<String> {
+    let frames = stack_frames(tl, stack);
+    let user = frames.iter().position(|f| !f.library)?;
+    frames[..user]
+        .iter()
+        .find(|f| {
+            let path = f.filename.replace('\\', "/");
+            // Inside an installed package the package is what follows site-packages (a venv may live under
+            // /opt/torch/); torch's own modules (nn.Linear) are the operator, not the model.
+            let package = ["site-packages/", "dist-packages/"]
+                .iter()
+                .find_map(|m| path.rsplit_once(m).map(|(_, rest)| rest))
+                .unwrap_or(&path);
+            f.name == "forward"
+                && path.ends_with(".py")
+                && !package.starts_with("torch/")
+                && !path.contains("/torch/nn/")
+        })
+        .map(FrameView::short)
+}
+
 /// The innermost frame of the user's own code (else the culprit's), as `(short file, line, function)`.
 fn site(tl: &Timeline, stack: StackId) -> Option<(String, i64, String)> {
     let frames = stack_frames(tl, stack);
@@ -171,13 +195,24 @@ fn site(tl: &Timeline, stack: StackId) -> Option<(String, i64, String)> {
 /// The lines that allocated from these stacks, grouped by file and function, at most `max` groups:
 /// `model.py:41, :43 and :47 in forward; train.py:90 in step`.
 pub fn sites(tl: &Timeline, stacks: &[StackId], max: usize) -> String {
-    let mut groups: Vec<((String, String), Vec<i64>)> = Vec::new();
+    // (file, function) of the user's line → its line numbers, and the model code it called into.
+    type Group = ((String, String), Vec<i64>, Vec<String>);
+    let mut groups: Vec<Group> = Vec::new();
     for &s in stacks {
         let Some((file, line, name)) = site(tl, s) else { continue };
-        match groups.iter_mut().find(|g| g.0 == (file.clone(), name.clone())) {
-            Some(g) if !g.1.contains(&line) => g.1.push(line),
-            Some(_) => {}
-            None => groups.push(((file, name), vec![line])),
+        let model = model_frame(tl, s);
+        let g = match groups.iter_mut().position(|g| g.0 == (file.clone(), name.clone())) {
+            Some(i) => &mut groups[i],
+            None => {
+                groups.push(((file, name), Vec::new(), Vec::new()));
+                groups.last_mut().expect("pushed")
+            }
+        };
+        if !g.1.contains(&line) {
+            g.1.push(line);
+        }
+        if let Some(m) = model.filter(|m| !g.2.contains(m)) {
+            g.2.push(m);
         }
     }
     if groups.is_empty() {
@@ -187,7 +222,7 @@ pub fn sites(tl: &Timeline, stacks: &[StackId], max: usize) -> String {
     let mut parts: Vec<String> = groups
         .into_iter()
         .take(max)
-        .map(|((file, name), mut lines)| {
+        .map(|((file, name), mut lines, models)| {
             lines.sort_unstable();
             let ls: Vec<String> = lines
                 .iter()
@@ -203,7 +238,12 @@ pub fn sites(tl: &Timeline, stacks: &[StackId], max: usize) -> String {
                 1 => ls[0].clone(),
                 n => format!("{} and {}", ls[..n - 1].join(", "), ls[n - 1]),
             };
-            format!("{joined} in {name}")
+            let via = match models.len() {
+                0 => String::new(),
+                1 | 2 => format!(" via {}", models.join(" and ")),
+                n => format!(" via {}, {} and {} more", models[0], models[1], n - 2),
+            };
+            format!("{joined} in {name}{via}")
         })
         .collect();
     if more > 0 {

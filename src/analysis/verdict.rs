@@ -203,6 +203,9 @@ pub fn attach(a: &mut Analysis, yields_to: &dyn Fn(&str) -> Vec<String>) {
         }
         let mut causes: Vec<Cause> = mine
             .iter()
+            // A note that explains none of the memory (what was held outside PyTorch when the process hit its own
+            // cap) is not a cause.
+            .filter(|f| !(f.severity == Severity::Info && f.bytes == Some(0)))
             .map(|f| Cause { rule: f.rule.clone(), severity: f.severity, bytes: f.bytes, title: f.title.clone() })
             .collect();
         causes.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(y.severity.cmp(&x.severity)));
