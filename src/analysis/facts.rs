@@ -320,6 +320,7 @@ pub fn compute(cx: &Context, ev: &EventFacts, leaks: impl FnOnce() -> LeakPass) 
         f.flag("oom.attention", attention, "the failing request came from attention code");
         if let (Some(req), Some(i)) = (o.requested_bytes, o.event_index) {
             intermediate_facts(&mut f, cx, req, events[i as usize].stack, attention);
+            request_growth_facts(&mut f, &events[..i as usize], events[i as usize].stack, req);
         }
     }
     if let Some(p) = &r.peak {
@@ -446,6 +447,55 @@ fn intermediate_facts(f: &mut Facts, cx: &Context, requested: u64, stack: StackI
         Unit::Bytes,
         "the failing request plus the live tensors of its kind",
     );
+}
+
+/// Whether the failing request is the next copy of a buffer its line keeps re-allocating larger: `torch.cat` onto
+/// an accumulator makes the new, longer copy while the old one is still live, then frees the old one. Counted over
+/// the line's allocations before the OOM: the run of such copies, each larger than the last and each made while an
+/// earlier one from the same line was live, that the request would extend. A line whose tensors grow from step to
+/// step but are freed between (attention scores over a growing sequence) makes no run.
+fn request_growth_facts(f: &mut Facts, before: &[crate::timeline::Event], stack: StackId, requested: u64) {
+    if stack == EMPTY_STACK {
+        return;
+    }
+    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    let (mut run, mut last, mut first, mut live_before) = (0u32, 0u64, 0u64, 0usize);
+    // The old copies are freed as the new ones are made: the line's live count stays flat along the run (a list
+    // that keeps every tensor grows it, and is a leak, not one buffer).
+    let extends = |live: usize, live_before: usize, size: u64, last: u64, run: u32| {
+        run > 0 && live > 0 && live <= live_before.max(1) && size > last
+    };
+    for e in before {
+        match e.action {
+            Action::Alloc if e.stack == stack => {
+                if extends(live.len(), live_before, e.size, last, run) {
+                    run += 1;
+                } else {
+                    run = 1;
+                    first = e.size;
+                }
+                last = e.size;
+                live_before = live.len();
+                live.insert(e.addr, e.size);
+            }
+            Action::FreeRequested => {
+                live.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    // The request extends the run when an earlier copy is live at the OOM and it asks for more than the last.
+    let steps = if extends(live.len(), live_before, requested, last, run) { run } else { 0 };
+    f.num(
+        "oom.request_growth_steps",
+        f64::from(steps),
+        Unit::Count,
+        "copies of one buffer its line re-allocated larger, each while an earlier one was live, that the failing \
+         request would extend (torch.cat onto an accumulator)",
+    );
+    if steps > 0 {
+        f.num("oom.request_growth_first_bytes", first as f64, Unit::Bytes, "the buffer's size at the run's first copy");
+    }
 }
 
 fn stack_matches(tl: &Timeline, stack: StackId, pred: fn(&str, &str) -> bool) -> bool {

@@ -327,11 +327,24 @@ fn outliers(ranks_in: &[ReportedRank], ranks: &[RankRow]) -> Vec<Outlier> {
         }
         if let Some((factor, cat, mine, med)) = best {
             let b = crate::units::bytes;
-            let why = if factor.is_finite() {
+            let mut why = if factor.is_finite() {
                 format!("{} {}, {factor:.1}× the other ranks' median ({})", cat.replace('_', " "), b(mine), b(med))
             } else {
                 format!("{} {}, where the other ranks hold none", cat.replace('_', " "), b(mine))
             };
+            // The same line holding the most on every rank: the same code given more data on this one.
+            let same_line = r.holder.as_ref().filter(|h| {
+                let others: Vec<_> =
+                    ranks.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, o)| &o.holder).collect();
+                !others.is_empty() && others.iter().all(|o| o.as_ref() == Some(*h))
+            });
+            if let Some(h) = same_line.filter(|h| h.starts_with(&cat.replace('_', " "))) {
+                let line = h.split_once(": ").map_or(h.as_str(), |(_, l)| l);
+                why.push_str(&format!(
+                    "; the same line holds the most on every rank ({line}): the same code given more data here — an \
+                     uneven split of the batch or of the sequence lengths"
+                ));
+            }
             out.push(Outlier {
                 input: r.input.clone(),
                 rank: r.rank,

@@ -96,10 +96,25 @@ fn points(c: &Chart, align: Align) -> Vec<(f64, u64, u64)> {
 fn timelines(o: &mut String, before: &Run, after: &Run, align: Align) {
     let _ = writeln!(o, "<h2>Both timelines on one axis</h2>");
     let (Some(b), Some(a)) = (before.chart, after.chart) else {
+        // Why a side has no timeline: a kept JSON report holds none (its own analysis may have had one); a snapshot
+        // without history (a state-only dump) recorded none.
+        let no_history = |r: &Run| r.report["capture"]["has_trace"] == false;
+        let missing: Vec<&str> = [("before", before), ("after", after)]
+            .into_iter()
+            .filter(|(_, r)| r.chart.is_none())
+            .map(|(side, _)| side)
+            .collect();
+        let state_only = [before, after].iter().any(|r| r.chart.is_none() && no_history(r));
+        let why = if state_only {
+            "its snapshot recorded no allocation history (a state-only dump: torch.cuda.memory.\
+             _record_memory_history was not on when it was taken), so there is nothing to draw over time"
+        } else {
+            "it was given as a kept JSON report, which holds no timeline: give the snapshot instead"
+        };
         let _ = writeln!(
             o,
-            "<p class=\"dim\">A timeline needs both runs' traces: give the snapshots, not kept JSON reports (which \
-             hold no timeline).</p>"
+            "<p class=\"dim\">A timeline needs both runs' traces; the {} run has none: {why}.</p>",
+            missing.join(" and the ")
         );
         return;
     };

@@ -69,22 +69,24 @@ echo "$seen" | grep -q 'first-event=event 0$' && fail "the axis did not follow t
 if grep -E 'Uncaught|ERR_' "$dir/driven-console.txt" | grep -v -E 'google|gvt1|gstatic' > "$dir/errors.txt"; then
   [ -s "$dir/errors.txt" ] && fail "console errors while driven: $(head -3 "$dir/errors.txt")"
 fi
-# Two runs on one picture (oomdoc diff -o diff.html): the real fragmentation pair, and two ranks of a DDP job
-# aligned by time. Both series drawn (each polyline with its points), both verdicts, no console error, offline.
-for pair in "fragmentation fragmentation-expandable event" "ddp-no-sync ddp-without-no-sync time"; do
+# Two runs on one picture (oomdoc diff -o diff.html): the real fragmentation pair, and two ranks of the real
+# four-rank DDP job (rank 0 against rank 2, which ran out) aligned by time. Both series drawn (each polyline with
+# its points), both verdicts, no console error, offline.
+g=fixtures/real-gpu
+for pair in "fragmentation $g/fragmentation/snapshot.pickle $g/fragmentation-expandable/snapshot.pickle event" \
+    "ddp-ranks $g/frameworks/ddp-gloo-ranks/snapshot-rank0.pickle.xz $g/frameworks/ddp-gloo-ranks/oom-2.pickle.xz time"; do
   set -- $pair
-  "$bin" diff "fixtures/real-gpu/$1/snapshot.pickle" "fixtures/real-gpu/$2/snapshot.pickle" --align "$3" \
-    -o "$dir/diff-$1.html"
+  "$bin" diff "$2" "$3" --align "$4" -o "$dir/diff-$1.html"
   timeout 120 "$chromium" "${flags[@]}" --dump-dom "file://$dir/diff-$1.html" > "$dir/diff-dom.html" \
     2> "$dir/diff-console.txt"
   for series in before after; do
     n=$(grep -o "<polyline class=\"$series alloc\" points=\"[^\"]*\"" "$dir/diff-dom.html" | tr ' ' '\n' | grep -c ',' || true)
-    [ "$n" -ge 10 ] || fail "diff $1/$2: the $series series has $n points"
+    [ "$n" -ge 10 ] || fail "diff $1: the $series series has $n points"
   done
-  grep -q "data-align=\"$3\"" "$dir/diff-dom.html" || fail "diff $1/$2: not aligned by $3"
-  [ "$(grep -c '<h3>before</h3>\|<h3>after</h3>' "$dir/diff-dom.html")" -ge 2 ] || fail "diff $1/$2: the two verdicts"
+  grep -q "data-align=\"$4\"" "$dir/diff-dom.html" || fail "diff $1: not aligned by $4"
+  [ "$(grep -c '<h3>before</h3>\|<h3>after</h3>' "$dir/diff-dom.html")" -ge 2 ] || fail "diff $1: the two verdicts"
   if grep -E 'CONSOLE|Uncaught|ERR_' "$dir/diff-console.txt" | grep -v -E 'google|gvt1|gstatic' > "$dir/errors.txt"; then
-    [ -s "$dir/errors.txt" ] && fail "diff $1/$2: console errors: $(head -3 "$dir/errors.txt")"
+    [ -s "$dir/errors.txt" ] && fail "diff $1: console errors: $(head -3 "$dir/errors.txt")"
   fi
   if [ -n "${OOMDOC_DIFF_SCREENSHOT:-}" ] && [ "$1" = fragmentation ]; then
     timeout 120 "$chromium" "${flags[@]}" --window-size=1280,1400 --screenshot="$OOMDOC_DIFF_SCREENSHOT" \

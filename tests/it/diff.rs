@@ -114,6 +114,17 @@ fn the_page_draws_both_runs_on_one_axis_with_both_verdicts() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let page = stdout(&oomdoc(&["diff", kept.to_str().unwrap(), AFTER, "--format", "html"]));
     assert!(page.contains("A timeline needs both runs' traces"), "the missing timeline is said");
+    assert!(page.contains("the before run has none: it was given as a kept JSON report"), "and why");
     assert!(page.contains("largest free block"), "the rest of the comparison is there");
+    // A snapshot without history (a real state-only dump) has no timeline either, for another reason.
+    let page = stdout(&oomdoc(&[
+        "diff",
+        "fixtures/real-gpu/frameworks/trainer-state-only/snapshot.pickle.xz",
+        "fixtures/real-gpu/frameworks/trainer-batch-too-large/snapshot.pickle.xz",
+        "--format",
+        "html",
+    ]));
+    assert!(page.contains("the before run has none: its snapshot recorded no allocation history"), "state-only");
+    assert!(!page.contains("kept JSON report"), "not mistaken for a kept report");
     let _ = std::fs::remove_dir_all(&dir);
 }

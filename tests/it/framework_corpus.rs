@@ -45,7 +45,6 @@ const CAPTURES: &[(&str, &str)] = &[
 /// are in the README's corpus section.
 const KNOWN_MISSES: &[&str] = &[
     "trainer-eval-keeps-logits:primary",
-    "trainer-eval-keeps-logits:remedy",
     "generate-dynamic-cache-growth:primary",
     "generate-dynamic-cache-growth:holder",
     "timm-amp-eval-without-no-grad:primary",

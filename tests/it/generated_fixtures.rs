@@ -126,6 +126,18 @@ const RULE_CASES: &[(&str, &[&str], &str)] = &[
          leak that explains 14× more memory",
     ),
     ("leaked-references-fire-no-oom.pickle", &["leaked-references:warning"], "12 updates, one more live each"),
+    (
+        "growing-buffer-fire.pickle",
+        &["growing-buffer:error", "large-intermediate:warning"],
+        "logits gathered with torch.cat, one batch longer each step; the request is also a quarter of the GPU, \
+         which the huge-intermediate rule says, yielding the lead to the growth",
+    ),
+    (
+        "growing-buffer-quiet-freed.pickle",
+        &["fragmentation:warning"],
+        "scores one chunk longer each step but freed before the next: no buffer kept (the freed sizes leave the \
+         cache in pieces, which the fragmentation rule notes)",
+    ),
     ("leaked-references-quiet-window.pickle", &[], "a bounded window of two kept outputs"),
     ("missing-no-sync-fire.pickle", &["missing-no-sync:warning"], "all-reduce in each of 4 micro-batches"),
     ("missing-no-sync-fire-k2.pickle", &["missing-no-sync:warning"], "all-reduce in each of 2 micro-batches"),
