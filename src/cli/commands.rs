@@ -227,12 +227,31 @@ fn tui(args: TuiArgs) -> Result<ExitCode, Error> {
             .min()
     };
     let first = ranks.iter().enumerate().filter_map(|(i, tl)| Some((oom_time(tl)?, i))).min().map_or(0, |(_, i)| i);
+    // Two runs given: what changed from the first to the second, as `oomdoc diff` says it; the TUI opens on it.
+    // (Two files `oomdoc diff` can compare: two folders or archives of artifacts are ranks, without the view.)
+    let difference = match args.input.files.as_slice() {
+        [a, b] if ranks.len() == 2 => {
+            let read = |p: &PathBuf| oomdoc::job::compared_run(p, &oomdoc::analysis::At::Auto).ok();
+            match (read(a), read(b)) {
+                (Some((before, _)), Some((after, _))) => {
+                    let d = oomdoc::analysis::diff::of(&before, &after);
+                    report::diff::render(&d, report::Format::Text).lines().map(str::to_string).collect()
+                }
+                _ => Vec::new(),
+            }
+        }
+        _ => Vec::new(),
+    };
+    let mut opened = false;
     oomdoc::tui::run_ranks(first, |i| -> Result<oomdoc::tui::App, Error> {
         let analysed = job.analyze_timeline(ranks[i])?;
         let path =
             analysed.analysis.inputs.first().map_or(String::new(), |i| format!("{} ({})", i.path, i.format_version));
         let mut app = oomdoc::tui::App::new(analysed, &job.checklist.categories, path);
         app.ranks = oomdoc::tui::app::Ranks { labels: labels.clone(), open: i, switch_to: None };
+        app.difference = difference.clone();
+        app.showing_difference = !opened && !app.difference.is_empty();
+        opened = true;
         Ok(app)
     })
     .map_err(|source| Error::Io { path: "<terminal>".into(), source })??;

@@ -42,6 +42,8 @@ pub enum Action {
     /// Another rank of the job (+1 next, -1 previous): the app ends and the caller opens that rank.
     SwitchRank(i64),
     ToggleHelp,
+    /// The difference of the two runs given (`oomdoc tui A B`), over the whole screen, or back to the open run.
+    ToggleDifference,
 }
 
 /// The job's ranks when several snapshots were given: their labels and which one is open.
@@ -123,6 +125,12 @@ pub struct App<'t> {
     pub quit: bool,
     /// The job's ranks (empty labels: one snapshot).
     pub ranks: Ranks,
+    /// With two runs given (`oomdoc tui A B`), what changed from the first to the second, as `oomdoc diff` says it:
+    /// one line each. Empty otherwise.
+    pub difference: Vec<String>,
+    /// The difference is on the screen (it opens there when there is one); ↑↓ and PgUp/PgDn scroll it.
+    pub showing_difference: bool,
+    pub difference_scroll: u16,
     /// Rows of the live table for the cursor, filter, grouping and sort.
     pub rows: Vec<Row>,
     culprits: FxHashMap<StackId, String>,
@@ -181,6 +189,9 @@ impl<'t> App<'t> {
             stack_scroll: 0,
             quit: false,
             ranks: Ranks::default(),
+            difference: Vec::new(),
+            showing_difference: false,
+            difference_scroll: 0,
             rows: Vec::new(),
             culprits: FxHashMap::default(),
             cats: CategoryCache::new(cats, tl),
@@ -325,6 +336,22 @@ impl<'t> App<'t> {
 
     /// Applies one action.
     pub fn update(&mut self, action: Action) {
+        // Over the difference view, the keys scroll it; Esc or D goes back to the open run, q quits, ? helps.
+        if self.showing_difference && !self.help {
+            let last = self.difference.len().saturating_sub(1) as i64;
+            let scroll = |by: i64, at: u16| (at as i64 + by).clamp(0, last) as u16;
+            match action {
+                Action::Select(k) | Action::Step(k) => self.difference_scroll = scroll(k, self.difference_scroll),
+                Action::Page(k) => self.difference_scroll = scroll(k * 20, self.difference_scroll),
+                Action::Jump(Jump::Start) => self.difference_scroll = 0,
+                Action::Back | Action::ToggleDifference | Action::Open => self.showing_difference = false,
+                Action::Quit | Action::ToggleHelp | Action::SwitchRank(_) => {}
+                _ => return,
+            }
+            if !matches!(action, Action::Quit | Action::ToggleHelp | Action::SwitchRank(_)) {
+                return;
+            }
+        }
         let n = self.events_len() as i64;
         let cur = self.cursor.map_or(-1, |c| c as i64);
         match action {
@@ -441,6 +468,9 @@ impl<'t> App<'t> {
                 }
             }
             Action::ToggleHelp => self.help = !self.help,
+            Action::ToggleDifference => {
+                self.showing_difference = !self.difference.is_empty();
+            }
         }
     }
 

@@ -130,6 +130,12 @@ pub fn bindings() -> Vec<Binding> {
             Action::SwitchRank(1)
         ),
         bind!("", "", |k| k.code == KeyCode::Char('R'), Action::SwitchRank(-1)),
+        bind!(
+            "D",
+            "the difference of the two runs (oomdoc tui A B): what grew, by kind and by line",
+            |k| k.code == KeyCode::Char('D'),
+            Action::ToggleDifference
+        ),
         bind!("?", "this help", |k| k.code == KeyCode::Char('?'), Action::ToggleHelp, (11, "? help")),
         bind!(
             "q Esc",

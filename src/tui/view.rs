@@ -50,6 +50,9 @@ pub fn draw(f: &mut Frame, app: &App) {
         }
     }
     draw_status(f, app, status);
+    if app.showing_difference {
+        draw_difference(f, app, Rect { height: f.area().height.saturating_sub(1), ..f.area() });
+    }
     if app.help {
         draw_help(f, f.area());
     }
@@ -533,6 +536,29 @@ fn draw_status(f: &mut Frame, app: &App, area: Rect) {
         Line::from(keys::status_line(&keys::bindings(), area.width as usize)).dim()
     };
     f.render_widget(Paragraph::new(line), area);
+}
+
+/// The two runs compared, over the whole screen but the status line: `oomdoc diff`'s text, scrolled.
+fn draw_difference(f: &mut Frame, app: &App, area: Rect) {
+    let lines: Vec<Line> = app
+        .difference
+        .iter()
+        .map(|l| {
+            if l.starts_with(|c: char| !c.is_whitespace()) {
+                Line::from(l.as_str()).bold()
+            } else {
+                Line::from(l.as_str())
+            }
+        })
+        .collect();
+    let title = " difference of the two runs — D or Esc: the open run, r: the other run, ↑↓ PgUp PgDn: scroll ";
+    f.render_widget(Clear, area);
+    f.render_widget(
+        Paragraph::new(lines)
+            .scroll((app.difference_scroll, 0))
+            .block(Block::default().borders(Borders::ALL).title(title)),
+        area,
+    );
 }
 
 fn draw_help(f: &mut Frame, area: Rect) {

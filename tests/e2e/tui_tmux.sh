@@ -75,4 +75,18 @@ expect "jump to the OOM"
 keys Escape
 keys q
 expect "oomdoc-exited-0"
-echo "tui e2e: ok (opened at the OOM, jumped, filtered, opened a stack, segments, findings, help, quit)"
+
+# 8. Two runs: `oomdoc tui A B` opens on their difference; D shows the open run, r the other; q quits.
+tmux kill-session -t "$SESSION" 2>/dev/null || true
+A=fixtures/real-gpu/fragmentation/snapshot.pickle
+B=fixtures/real-gpu/fragmentation-expandable/snapshot.pickle
+tmux new-session -d -s "$SESSION" -x 120 -y 36 "$BIN tui $A $B; echo oomdoc-exited-\$?; sleep 5"
+expect "difference of the two runs"
+expect "The OOM is gone."
+expect "resolved  fragmentation"
+keys D
+expect_not "difference of the two runs"
+expect "rank 0"
+keys q
+expect "oomdoc-exited-0"
+echo "tui e2e: ok (opened at the OOM, jumped, filtered, opened a stack, segments, findings, help, quit; two runs open on their difference)"

@@ -248,3 +248,36 @@ fn the_stack_pane_reaches_the_users_code_through_cpp_frames() {
     actions(&mut app, &[Action::Open]);
     assert!(!app.detail && app.stack_scroll == 0, "Enter folds it again");
 }
+
+/// `oomdoc tui A B`: the two runs' difference over the screen (as `oomdoc diff` says it), scrolled, closed with D
+/// back to the open run and reopened; without a second run there is none to show.
+#[test]
+fn two_runs_open_on_their_difference() {
+    let before = "fixtures/real-gpu/fragmentation/snapshot.pickle";
+    let after = "fixtures/real-gpu/fragmentation-expandable/snapshot.pickle";
+    let job = load(&[before]);
+    let mut app = open(&job, "fragmentation/snapshot.pickle");
+    // Relative paths, as a user types them: the page names them (tests run in the crate's root).
+    let read = |p: &str| oomdoc::job::compared_run(std::path::Path::new(p), &oomdoc::analysis::At::Auto).unwrap().0;
+    let d = oomdoc::analysis::diff::of(&read(before), &read(after));
+    let text = oomdoc::report::diff::render(&d, oomdoc::report::Format::Text);
+    app.difference = text.lines().map(str::to_string).collect();
+    app.showing_difference = true;
+    insta::assert_snapshot!("two_runs_difference", screen(&app, 120, 36));
+    actions(&mut app, &[Action::Select(3)]);
+    assert_eq!(app.difference_scroll, 3);
+    let cursor = app.cursor;
+    actions(&mut app, &[Action::Step(-1), Action::Jump(Jump::Start)]);
+    assert_eq!((app.difference_scroll, app.cursor), (0, cursor), "the keys scroll the difference, not the run");
+    actions(&mut app, &[Action::ToggleDifference]);
+    assert!(!app.showing_difference);
+    assert!(!screen(&app, 120, 36).contains("difference of the two runs"));
+    actions(&mut app, &[Action::ToggleDifference]);
+    assert!(app.showing_difference);
+    actions(&mut app, &[Action::Back]);
+    assert!(!app.showing_difference && !app.quit, "Esc goes back to the run first");
+
+    let mut single = open(&job, "fragmentation/snapshot.pickle");
+    actions(&mut single, &[Action::ToggleDifference]);
+    assert!(!single.showing_difference, "one run has no difference to show");
+}
