@@ -21,6 +21,9 @@ pub struct Chart {
     /// categories (largest at the peak first), and per bucket their bytes in that order, summing to `alloc_max`.
     pub categories: Vec<&'static str>,
     pub by_category: Vec<Vec<u64>>,
+    /// The last event of each pass of the program's loop, where the analysis found them (optimizer steps, snapshot
+    /// markers, a repeating sequence of stacks): the axis of two runs compared iteration by iteration.
+    pub iteration_ends: Vec<usize>,
 }
 
 impl Chart {
@@ -69,6 +72,7 @@ pub fn of(replay: &Replay, events: &[crate::timeline::Event]) -> Option<Chart> {
         time_us,
         categories: Vec::new(),
         by_category: Vec::new(),
+        iteration_ends: Vec::new(),
     })
 }
 

@@ -105,6 +105,9 @@ pub(super) fn analyze_device<'t>(
             );
         }
     }
+    if let (Some(c), Some(it)) = (report.chart.as_mut(), event_facts.iterations.as_ref()) {
+        c.iteration_ends.clone_from(&it.ends);
+    }
     report.holder = verdict::holder(tl, &report, &state, &attribution);
     report.whatif = super::whatif::at_oom(tl, dev, &replay, &report, &report.facts, &mut cache, opts);
     report.pinning = report.oom.as_ref().and_then(|o| super::fragments::pinning(tl, dev, &replay, &state, o));

@@ -171,7 +171,8 @@ pub struct Context<'a> {
 /// computed while the replay runs on another core (see `analysis::analyze_device`).
 pub struct EventFacts {
     kinds: Vec<u8>,
-    iterations: Option<Iterations>,
+    /// The passes of the program's loop, where found (see `analysis::iterations`).
+    pub iterations: Option<Iterations>,
     last_compile: Option<usize>,
     facts: Facts,
 }

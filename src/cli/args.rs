@@ -148,8 +148,9 @@ pub struct DiffArgs {
     /// Write the comparison to FILE instead of standard output (diff.html: the page).
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// How the page lines the two timelines up: event (event i above event i) or time (since each trace's first
-    /// event; falls back to event when a trace has no times).
+    /// How the page lines the two timelines up: event (event i above event i), time (since each trace's first
+    /// event) or iteration (pass i of the loop above pass i, where each run's iterations are found); time and
+    /// iteration fall back to event when a trace lacks them.
     #[arg(long, value_enum, default_value_t = oomdoc::report::diff_html::Align::Event)]
     pub align: oomdoc::report::diff_html::Align,
     /// For CI: exit with code 1 when the peak allocated memory grew by more than PCT percent.

@@ -20,6 +20,22 @@ pub enum Align {
     Event,
     /// The same time since each trace's first event (needs time stamps in both).
     Time,
+    /// Iteration i of one run above iteration i of the other: each run's passes of its loop (optimizer steps,
+    /// snapshot markers, a repeating sequence of stacks), where both are found.
+    Iteration,
+}
+
+/// Where event `e` falls among the loop's passes: the passes before it, plus how far it is into its own.
+fn iteration_x(ends: &[usize], e: usize) -> f64 {
+    let k = ends.partition_point(|&end| end < e);
+    let start = if k == 0 { 0 } else { ends[k - 1] + 1 };
+    // Past the last whole pass (the pass that failed), a pass is as long as the last one.
+    let len = match (ends.get(k), k) {
+        (Some(&end), _) => end + 1 - start,
+        (None, k) if k >= 2 => ends[k - 1] - ends[k - 2],
+        _ => 1,
+    };
+    k as f64 + (e - start) as f64 / len.max(1) as f64
 }
 
 /// One run as the picture draws it: its report (JSON form) and, when it was a snapshot analysed here, the timeline
@@ -87,6 +103,7 @@ fn points(c: &Chart, align: Align) -> Vec<(f64, u64, u64)> {
             let x = match align {
                 Align::Event => (i * c.per) as f64,
                 Align::Time => (c.time_us.get(i).copied().flatten()? - t0?) as f64 / 1e6,
+                Align::Iteration => iteration_x(&c.iteration_ends, i * c.per),
             };
             Some((x, a, r))
         })
@@ -119,7 +136,12 @@ fn timelines(o: &mut String, before: &Run, after: &Run, align: Align) {
         return;
     };
     let has_times = |c: &Chart| c.time_us.iter().flatten().nth(1).is_some();
-    let align = if align == Align::Time && !(has_times(b) && has_times(a)) { Align::Event } else { align };
+    let has_iterations = |c: &Chart| c.iteration_ends.len() >= 2;
+    let align = match align {
+        Align::Time if !(has_times(b) && has_times(a)) => Align::Event,
+        Align::Iteration if !(has_iterations(b) && has_iterations(a)) => Align::Event,
+        a => a,
+    };
     let (pb, pa) = (points(b, align), points(a, align));
     let x_max = pb.iter().chain(&pa).map(|p| p.0).fold(1e-9, f64::max);
     let y_max = pb.iter().chain(&pa).map(|p| p.2.max(p.1)).max().unwrap_or(1).max(1) as f64;
@@ -129,6 +151,7 @@ fn timelines(o: &mut String, before: &Run, after: &Run, align: Align) {
     let unit = match align {
         Align::Event => "events",
         Align::Time => "seconds since each trace's first event",
+        Align::Iteration => "iterations of each run's loop",
     };
     let _ = writeln!(
         o,
@@ -137,6 +160,7 @@ fn timelines(o: &mut String, before: &Run, after: &Run, align: Align) {
         match align {
             Align::Event => "event",
             Align::Time => "time",
+            Align::Iteration => "iteration",
         }
     );
     for k in 0..=4 {
@@ -176,6 +200,7 @@ fn timelines(o: &mut String, before: &Run, after: &Run, align: Align) {
     let end = match align {
         Align::Event => format!("{:.0}", x_max),
         Align::Time => format!("{x_max:.2} s"),
+        Align::Iteration => format!("{x_max:.1} iterations"),
     };
     let _ = writeln!(
         o,
@@ -194,6 +219,7 @@ fn timelines(o: &mut String, before: &Run, after: &Run, align: Align) {
         match align {
             Align::Event => "event",
             Align::Time => "time",
+            Align::Iteration => "iteration",
         }
     );
 }

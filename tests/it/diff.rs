@@ -108,6 +108,23 @@ fn the_page_draws_both_runs_on_one_axis_with_both_verdicts() {
     let timed = std::fs::read_to_string(&out).unwrap();
     assert!(timed.contains("data-align=\"time\"") && timed.contains("seconds since each trace"), "aligned by time");
 
+    // By iteration where both runs' loops are found (the real DDP pair: optimizer steps); else by event.
+    let page = stdout(&oomdoc(&[
+        "diff",
+        "fixtures/real-gpu/ddp-without-no-sync/snapshot.pickle",
+        "fixtures/real-gpu/ddp-no-sync/snapshot.pickle",
+        "--align",
+        "iteration",
+        "--format",
+        "html",
+    ]));
+    assert!(
+        page.contains("data-align=\"iteration\"") && page.contains("iterations of each run's loop"),
+        "by iteration"
+    );
+    let page = stdout(&oomdoc(&["diff", BEFORE, AFTER, "--align", "iteration", "--format", "html"]));
+    assert!(page.contains("data-align=\"event\""), "no loop found in these: by event");
+
     // A side kept as a JSON report holds no timeline: said, and the rest of the page is there.
     let kept = dir.join("before.json");
     let o = oomdoc(&["analyze", BEFORE, "--top", "50", "-o", kept.to_str().unwrap()]);
