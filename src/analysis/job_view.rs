@@ -333,13 +333,14 @@ fn outliers(ranks_in: &[ReportedRank], ranks: &[RankRow]) -> Vec<Outlier> {
                 format!("{} {}, where the other ranks hold none", cat.replace('_', " "), b(mine))
             };
             // The same line holding the most on every rank: the same code given more data on this one.
-            let same_line = r.holder.as_ref().filter(|h| {
-                let others: Vec<_> =
-                    ranks.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, o)| &o.holder).collect();
-                !others.is_empty() && others.iter().all(|o| o.as_ref() == Some(*h))
+            let held_by = |o: &RankRow| {
+                device_of(ranks_in, o).and_then(|d| d.holder.as_ref()).map(|(c, s, _)| (c.as_str(), s.as_str()))
+            };
+            let same_line = held_by(r).filter(|&(c, _)| c == cat).filter(|&h| {
+                let mut others = ranks.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, o)| held_by(o)).peekable();
+                others.peek().is_some() && others.all(|o| o == Some(h))
             });
-            if let Some(h) = same_line.filter(|h| h.starts_with(&cat.replace('_', " "))) {
-                let line = h.split_once(": ").map_or(h.as_str(), |(_, l)| l);
+            if let Some((_, line)) = same_line {
                 why.push_str(&format!(
                     "; the same line holds the most on every rank ({line}): the same code given more data here — an \
                      uneven split of the batch or of the sequence lengths"

@@ -164,8 +164,7 @@ pub fn folded(tl: &Timeline, stack: StackId, max_lines: usize) -> Vec<(bool, Str
 /// Where the user's own line only calls into a framework (`trainer.train()`, `model.generate(…)`), the model code
 /// that allocated: the innermost `forward` of a library's Python file outside torch itself (`modeling_llama.py:68
 /// in forward`, a timm or torch-geometric layer). None when the user's line is the model's own code.
-fn model_frame(tl: &Timeline, stack: StackId) -> Option<String> {
-    let frames = stack_frames(tl, stack);
+fn model_frame(frames: &[FrameView]) -> Option<String> {
     let user = frames.iter().position(|f| !f.library)?;
     frames[..user]
         .iter()
@@ -186,8 +185,7 @@ fn model_frame(tl: &Timeline, stack: StackId) -> Option<String> {
 }
 
 /// The innermost frame of the user's own code (else the culprit's), as `(short file, line, function)`.
-fn site(tl: &Timeline, stack: StackId) -> Option<(String, i64, String)> {
-    let frames = stack_frames(tl, stack);
+fn site(frames: &[FrameView]) -> Option<(String, i64, String)> {
     let f = frames.iter().find(|f| !f.library).or_else(|| frames.iter().find(|f| f.filename.ends_with(".py")))?;
     Some((f.short_path(), f.line, f.name.clone()))
 }
@@ -199,8 +197,9 @@ pub fn sites(tl: &Timeline, stacks: &[StackId], max: usize) -> String {
     type Group = ((String, String), Vec<i64>, Vec<String>);
     let mut groups: Vec<Group> = Vec::new();
     for &s in stacks {
-        let Some((file, line, name)) = site(tl, s) else { continue };
-        let model = model_frame(tl, s);
+        let frames = stack_frames(tl, s);
+        let Some((file, line, name)) = site(&frames) else { continue };
+        let model = model_frame(&frames);
         let g = match groups.iter_mut().position(|g| g.0 == (file.clone(), name.clone())) {
             Some(i) => &mut groups[i],
             None => {
