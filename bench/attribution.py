@@ -520,7 +520,8 @@ def attribution(args, inputs):
                     continue
                 agree, wrong, unknown, share = score(fd, deg["devices"][dev])
                 row.update(agreement=agree, wrong=wrong, unknown=unknown, reference_named=share,
-                           deg_allocated=deg["devices"][dev]["allocated"])
+                           deg_allocated=deg["devices"][dev]["allocated"], full_categories=fd["cats"],
+                           degraded_categories=deg["devices"][dev]["cats"])
                 if agree is None:
                     row["ok"] = None
                     if (name, dev) not in [(u[0], u[1]) for u in unnamed]:

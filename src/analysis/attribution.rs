@@ -63,8 +63,12 @@ impl Reason {
             Reason::BackwardNotParameterSized => "allocated in the backward; no parameter has its size",
             Reason::StateSizesRepeat => "no history recorded; its size repeats the parameters'",
             Reason::StateKept => "no history recorded; taken as built with the model",
-            Reason::SizeAllocatedInTrace => "allocated before recording; the trace allocates its size as this",
-            Reason::FreedLikeIt => "allocated before recording; the trace frees others of its size, as activations are",
+            Reason::SizeAllocatedInTrace => {
+                "allocated before recording; the trace allocates and keeps its size as this"
+            }
+            Reason::FreedLikeIt => {
+                "allocated before recording; the trace frees others of its size: transient, not the model"
+            }
         }
     }
 }
@@ -188,9 +192,13 @@ impl TraceEvidence {
         TraceEvidence { stacks, by_size: None }
     }
 
-    fn by_size(&mut self, dev: &DeviceTimeline, cats: &mut CategoryCache) -> &FxHashMap<u64, SizeEvidence> {
-        let stacks = self.stacks;
-        self.by_size.get_or_insert_with(|| if stacks { size_evidence(dev, cats) } else { FxHashMap::default() })
+    fn by_size(
+        &mut self,
+        tl: &Timeline,
+        dev: &DeviceTimeline,
+        cats: &mut CategoryCache,
+    ) -> &FxHashMap<u64, SizeEvidence> {
+        self.by_size.get_or_insert_with(|| size_evidence(tl, dev, cats))
     }
 }
 
@@ -245,6 +253,14 @@ fn attribute_with(
         }
     }
 
+    // Blocks from before recording that the trace shows transient, or kept as the trace keeps another kind, are
+    // that kind; only the rest are what the model is built of, and lend their sizes to the backward's judgement.
+    if !before_recording.is_empty() && !events.is_empty() {
+        let not_engine: FxHashSet<u64> = backward.iter().map(|&(a, _)| a).collect();
+        before_recording =
+            like_the_trace(&mut out, state, before_recording, &not_engine, trace.by_size(tl, dev, cats), events.len());
+    }
+
     // Sizes a parameter has: known parameters, and the blocks kept from before recording (parameters and their
     // copies), and what a stack calls optimizer state (each moment has its parameter's size).
     let mut parameter_sized: FxHashSet<u64> = FxHashSet::default();
@@ -280,49 +296,83 @@ fn attribute_with(
     if before_recording.is_empty() {
         return (out, None);
     }
-    let roles = roles_before_recording(
-        &mut out,
-        state,
-        &before_recording,
-        trace.by_size(dev, cats),
-        events.is_empty(),
-        parameters_elsewhere,
-    );
+    let roles = roles_before_recording(&mut out, state, &before_recording, events.is_empty(), parameters_elsewhere);
     (out, roles)
 }
 
-/// What the trace allocates of each size: how many allocations were a parameter's kind (parameter, gradient,
-/// optimizer state, or the backward's frameless ones), and how many of every other category, by stack.
+/// What the trace allocates of each size: how many allocations its stacks call a parameter's kind (parameter,
+/// AccumulateGrad's gradient, optimizer state), and how many of every other category the trace still holds
+/// at its end, by stack.
 #[derive(Default)]
 struct SizeEvidence {
     parameter_kind: u32,
-    other: FxHashMap<&'static str, u32>,
+    /// Allocations of another category that the trace keeps to its end: a block from before recording is like
+    /// them only where they are kept as it is (the same activation of every layer, saved for the backward); a size
+    /// the trace allocates and frees again and again says nothing of a block kept all along.
+    kept_other: FxHashMap<&'static str, u32>,
     /// Blocks of this size allocated before the trace and freed in it: not kept as a parameter is.
     freed_from_before: u32,
+    /// Where the first and the last of those frees happened, by event.
+    first_freed_from_before: usize,
+    last_freed_from_before: usize,
+    /// The category the trace allocates this size as most often, of those not a parameter's kind.
+    most_other: Option<&'static str>,
 }
 
-fn size_evidence(dev: &DeviceTimeline, cats: &mut CategoryCache) -> FxHashMap<u64, SizeEvidence> {
+fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) -> FxHashMap<u64, SizeEvidence> {
     let mut by_size: FxHashMap<u64, SizeEvidence> = FxHashMap::default();
+    let mut other: FxHashMap<u64, FxHashMap<&'static str, u32>> = FxHashMap::default();
+    // Blocks the trace allocated and has not freed yet, with their category where it is another than a
+    // parameter's kind.
+    let mut held: FxHashMap<u64, (u64, Option<&'static str>)> = FxHashMap::default();
     let mut seen_alloc: FxHashSet<u64> = FxHashSet::default();
-    for e in &dev.events {
+    let mut engine_checked: FxHashMap<StackId, bool> = FxHashMap::default();
+    for (i, e) in dev.events.iter().enumerate() {
         match e.action {
             Action::Alloc => {
                 seen_alloc.insert(e.addr);
+                // The engine's allocations outside AccumulateGrad (and, under stacks="python", all of its
+                // allocations, which have no frame) are as often an activation's gradient or a temporary as a
+                // weight's gradient: they say nothing of whether the size is a parameter's.
+                if e.stack == EMPTY_STACK {
+                    held.insert(e.addr, (e.size, None));
+                    continue;
+                }
+                let c = cats.of(e.stack);
+                if c == "gradient" && !*engine_checked.entry(e.stack).or_insert_with(|| accumulates_grad(tl, e.stack)) {
+                    held.insert(e.addr, (e.size, None));
+                    continue;
+                }
+                if ROLES.contains(&c) {
+                    by_size.entry(e.size).or_default().parameter_kind += 1;
+                    held.insert(e.addr, (e.size, None));
+                } else {
+                    *other.entry(e.size).or_default().entry(c).or_default() += 1;
+                    held.insert(e.addr, (e.size, Some(c)));
+                }
             }
             Action::FreeRequested if !seen_alloc.contains(&e.addr) => {
-                by_size.entry(e.size).or_default().freed_from_before += 1;
+                let ev = by_size.entry(e.size).or_default();
+                if ev.freed_from_before == 0 {
+                    ev.first_freed_from_before = i;
+                }
+                ev.freed_from_before += 1;
+                ev.last_freed_from_before = i;
+            }
+            Action::FreeRequested => {
+                held.remove(&e.addr);
             }
             _ => {}
         }
     }
-    for e in dev.events.iter().filter(|e| e.action == Action::Alloc) {
-        let ev = by_size.entry(e.size).or_default();
-        let c = if e.stack == EMPTY_STACK { "gradient" } else { cats.of(e.stack) };
-        if ROLES.contains(&c) {
-            ev.parameter_kind += 1;
-        } else {
-            *ev.other.entry(c).or_default() += 1;
+    for (size, c) in held.into_values() {
+        if let Some(c) = c {
+            *by_size.entry(size).or_default().kept_other.entry(c).or_default() += 1;
         }
+    }
+    for (size, counts) in other {
+        let most = counts.into_iter().max_by_key(|(c, n)| (*n, std::cmp::Reverse(*c))).map(|(c, _)| c);
+        by_size.entry(size).or_default().most_other = most;
     }
     by_size
 }
@@ -387,6 +437,63 @@ fn accumulates_grad(tl: &Timeline, stack: StackId) -> bool {
     })
 }
 
+/// The blocks from before recording whose size the trace shows as another kind than the model's: most of their size
+/// from before recording were freed in the trace (transient: the backward consumes what the forward saved), or the
+/// trace allocates their size as another category and keeps those as these are kept. Attributes those and returns
+/// the rest. A size a label or stack (not the engine's, which `engine` holds) shows as a parameter's kind is kept.
+fn like_the_trace(
+    out: &mut Attribution,
+    state: &State,
+    blocks: Vec<(u64, u64)>,
+    engine: &FxHashSet<u64>,
+    evidence: &FxHashMap<u64, SizeEvidence>,
+    events: usize,
+) -> Vec<(u64, u64)> {
+    let mut known_kind: FxHashSet<u64> = FxHashSet::default();
+    for (_, addr, b) in state.allocated_blocks() {
+        let a = out.of(addr);
+        if ROLES.contains(&a.category) && a.source.is_some() && !engine.contains(&addr) {
+            known_kind.insert(caller_size(b));
+        }
+    }
+    let mut held_from_before: FxHashMap<u64, u32> = FxHashMap::default();
+    for &(_, size) in &blocks {
+        *held_from_before.entry(size).or_default() += 1;
+    }
+    let mut rest = Vec::with_capacity(blocks.len());
+    for (addr, size) in blocks {
+        let Some(ev) = evidence.get(&size).filter(|_| !known_kind.contains(&size)) else {
+            rest.push((addr, size));
+            continue;
+        };
+        // The trace was still freeing others of its size made before it when it ended (it ended sooner after the
+        // last of those frees than the frees took): the size is transient, as what the model is built of is not,
+        // and what the trace allocates its size as says what for. Frees made only as the trace began (the last
+        // tensors of a step, a model deleted) say nothing of the blocks the trace kept all along.
+        let span = ev.last_freed_from_before - ev.first_freed_from_before;
+        let still_freeing = ev.freed_from_before >= 2 && events - ev.last_freed_from_before <= span;
+        if ev.parameter_kind == 0 && still_freeing {
+            let category = ev.most_other.filter(|c| *c != "unknown").unwrap_or("activation");
+            let a = Attributed { category, source: Some(Source::Inferred), reason: Some(Reason::FreedLikeIt) };
+            out.blocks.insert(addr, a);
+            continue;
+        }
+        let (other, n) =
+            ev.kept_other.iter().max_by_key(|(c, n)| (**n, std::cmp::Reverse(**c))).map_or(("", 0), |(c, n)| (*c, *n));
+        if n > ev.parameter_kind {
+            let (source, reason) = if other == "unknown" {
+                (None, None)
+            } else {
+                (Some(Source::Inferred), Some(Reason::SizeAllocatedInTrace))
+            };
+            out.blocks.insert(addr, Attributed { category: other, source, reason });
+            continue;
+        }
+        rest.push((addr, size));
+    }
+    rest
+}
+
 /// The blocks kept from before recording, by size: each parameter's size occurs once per copy the job keeps of it
 /// (its gradient, each optimizer moment). The copies per parameter are read from the sizes where the parameters'
 /// count is known (a gradient or optimizer state the trace saw, or a parameter's stack), else from how the counts
@@ -396,7 +503,6 @@ fn roles_before_recording(
     out: &mut Attribution,
     state: &State,
     blocks: &[(u64, u64)],
-    evidence: &FxHashMap<u64, SizeEvidence>,
     state_only: bool,
     parameters_elsewhere: Option<u64>,
 ) -> Option<(u64, u64)> {
@@ -405,43 +511,33 @@ fn roles_before_recording(
     }
     // Known roles per size, from the live blocks a label, stack or the backward decided.
     let mut known: FxHashMap<u64, [u64; 3]> = FxHashMap::default();
+    // The optimizer creates each moment of a parameter on its own line (`exp_avg`, then `exp_avg_sq`): the blocks
+    // one line made of a size count that size's parameters, where no parameter or gradient of it is known.
+    let mut per_moment_line: FxHashMap<(u64, StackId), u64> = FxHashMap::default();
     for (_, addr, b) in state.allocated_blocks() {
         let a = out.of(addr);
         if let Some(r) = ROLES.iter().position(|c| *c == a.category) {
             if a.source.is_some() {
                 known.entry(caller_size(b)).or_default()[r] += 1;
+                if r == 2 && a.source == Some(Source::Stack) {
+                    *per_moment_line.entry((caller_size(b), b.stack)).or_default() += 1;
+                }
             }
         }
     }
+    let mut params_by_moments: FxHashMap<u64, u64> = FxHashMap::default();
+    for ((size, _), n) in per_moment_line {
+        let p = params_by_moments.entry(size).or_default();
+        *p = (*p).max(n);
+    }
+    let known_params = |size: u64, k: &[u64; 3]| -> u64 {
+        let moments = params_by_moments.get(&size).copied().unwrap_or(0);
+        // One line making every moment (a loop over the state's names) counts them all, not the parameters.
+        let moments = if moments < k[2] { moments } else { 0 };
+        k[0].max(k[1]).max(moments)
+    };
     let mut by_size: FxHashMap<u64, Vec<u64>> = FxHashMap::default();
     for &(addr, size) in blocks {
-        // A size the trace allocates again and again as something other than a parameter's kind (the same
-        // activation each layer or step, the user's own tensors) is that, not a parameter: parameters are not
-        // allocated again.
-        let seen = evidence.get(&size);
-        let known_kind = known.get(&size).is_some_and(|k| k.iter().any(|&n| n > 0));
-        if let Some(ev) = seen.filter(|_| !known_kind) {
-            let (other, n) =
-                ev.other.iter().max_by_key(|(c, n)| (**n, std::cmp::Reverse(**c))).map_or(("", 0), |(c, n)| (*c, *n));
-            if n > ev.parameter_kind {
-                let (source, reason) = if other == "unknown" {
-                    (None, None)
-                } else {
-                    (Some(Source::Inferred), Some(Reason::SizeAllocatedInTrace))
-                };
-                out.blocks.insert(addr, Attributed { category: other, source, reason });
-                continue;
-            }
-            if ev.parameter_kind == 0 && ev.freed_from_before > 0 {
-                let a = Attributed {
-                    category: "activation",
-                    source: Some(Source::Inferred),
-                    reason: Some(Reason::FreedLikeIt),
-                };
-                out.blocks.insert(addr, a);
-                continue;
-            }
-        }
         by_size.entry(size).or_default().push(addr);
     }
     if by_size.is_empty() {
@@ -452,7 +548,7 @@ fn roles_before_recording(
     let mut votes: FxHashMap<u64, u64> = FxHashMap::default();
     for (&size, addrs) in &by_size {
         let Some(k) = known.get(&size) else { continue };
-        let params = k[0].max(k[1]);
+        let params = known_params(size, k);
         // Only a gradient or an optimizer moment shows that copies exist: parameters alone (some loaded with a
         // stack, the rest before recording) say nothing of how many copies each has.
         if params == 0 || k[1] + k[2] == 0 {
@@ -497,7 +593,7 @@ fn roles_before_recording(
             continue;
         }
         // Known gradients undercount the parameters where recording began inside the backward.
-        let params = total.div_ceil(roles).max(k[0]);
+        let params = total.div_ceil(roles).max(k[0]).max(known_params(size, &k));
         // The roles this size has, one slot per copy: parameters, then gradients (kept where the job keeps them:
         // two copies, or four with two moments), then optimizer moments.
         let with_grad = match roles {
