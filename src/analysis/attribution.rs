@@ -296,7 +296,13 @@ fn attribute_with(
     if before_recording.is_empty() {
         return (out, None);
     }
-    let roles = roles_before_recording(&mut out, state, &before_recording, events.is_empty(), parameters_elsewhere);
+    let freed: FxHashMap<u64, u32> = if events.is_empty() {
+        FxHashMap::default()
+    } else {
+        trace.by_size(tl, dev, cats).iter().map(|(&size, ev)| (size, ev.freed_from_before_after_step)).collect()
+    };
+    let roles =
+        roles_before_recording(&mut out, state, &before_recording, &freed, events.is_empty(), parameters_elsewhere);
     (out, roles)
 }
 
@@ -315,6 +321,8 @@ struct SizeEvidence {
     /// Where the first and the last of those frees happened, by event.
     first_freed_from_before: usize,
     last_freed_from_before: usize,
+    /// Those frees made after the trace's last new optimizer state: `zero_grad` setting the gradients to None.
+    freed_from_before_after_step: u32,
     /// The category the trace allocates this size as most often, of those not a parameter's kind.
     most_other: Option<&'static str>,
 }
@@ -327,6 +335,8 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
     let mut held: FxHashMap<u64, (u64, Option<&'static str>)> = FxHashMap::default();
     let mut seen_alloc: FxHashSet<u64> = FxHashSet::default();
     let mut engine_checked: FxHashMap<StackId, bool> = FxHashMap::default();
+    let mut last_optimizer_state: Option<usize> = None;
+    let mut freed_from_before: Vec<(usize, u64)> = Vec::new();
     for (i, e) in dev.events.iter().enumerate() {
         match e.action {
             Action::Alloc => {
@@ -343,6 +353,9 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
                     held.insert(e.addr, (e.size, None));
                     continue;
                 }
+                if c == "optimizer_state" {
+                    last_optimizer_state = Some(i);
+                }
                 if ROLES.contains(&c) {
                     by_size.entry(e.size).or_default().parameter_kind += 1;
                     held.insert(e.addr, (e.size, None));
@@ -358,11 +371,17 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
                 }
                 ev.freed_from_before += 1;
                 ev.last_freed_from_before = i;
+                freed_from_before.push((i, e.size));
             }
             Action::FreeRequested => {
                 held.remove(&e.addr);
             }
             _ => {}
+        }
+    }
+    if let Some(step) = last_optimizer_state {
+        for (_, size) in freed_from_before.into_iter().filter(|&(i, _)| i > step) {
+            by_size.entry(size).or_default().freed_from_before_after_step += 1;
         }
     }
     for (size, c) in held.into_values() {
@@ -503,6 +522,7 @@ fn roles_before_recording(
     out: &mut Attribution,
     state: &State,
     blocks: &[(u64, u64)],
+    freed_after_step: &FxHashMap<u64, u32>,
     state_only: bool,
     parameters_elsewhere: Option<u64>,
 ) -> Option<(u64, u64)> {
@@ -525,13 +545,14 @@ fn roles_before_recording(
             }
         }
     }
-    let mut params_by_moments: FxHashMap<u64, u64> = FxHashMap::default();
+    // Per size: the most blocks one moment's line made, and how many lines made them.
+    let mut params_by_moments: FxHashMap<u64, (u64, u64)> = FxHashMap::default();
     for ((size, _), n) in per_moment_line {
         let p = params_by_moments.entry(size).or_default();
-        *p = (*p).max(n);
+        *p = (p.0.max(n), p.1 + 1);
     }
     let known_params = |size: u64, k: &[u64; 3]| -> u64 {
-        let moments = params_by_moments.get(&size).copied().unwrap_or(0);
+        let moments = params_by_moments.get(&size).map_or(0, |p| p.0);
         // One line making every moment (a loop over the state's names) counts them all, not the parameters.
         let moments = if moments < k[2] { moments } else { 0 };
         k[0].max(k[1]).max(moments)
@@ -555,7 +576,20 @@ fn roles_before_recording(
             continue;
         }
         let total = addrs.len() as u64 + k[0] + k[1] + k[2];
-        let roles = ((total as f64 / params as f64).round() as u64).clamp(1, 4);
+        let roles = match params_by_moments.get(&size) {
+            // The optimizer's lines say how many moments each parameter has; the gradient is kept unless the
+            // trace freed this size's blocks from before it once the optimizer had made its state (zero_grad
+            // setting them to None) and none is live.
+            // Where the trace made every moment, the parameters are as many as one line made.
+            Some(&(per_line, lines)) if lines >= 2 && per_line < k[2] => {
+                let base = 1 + lines;
+                let exact = [1, 0].into_iter().find(|g| total == per_line * (base + g));
+                let freed = freed_after_step.get(&size).copied().unwrap_or(0);
+                let g = exact.unwrap_or(if k[1] > 0 || freed == 0 { 1 } else { 0 });
+                (base + g).clamp(1, 4)
+            }
+            _ => ((total as f64 / params as f64).round() as u64).clamp(1, 4),
+        };
         *votes.entry(roles).or_default() += size * addrs.len() as u64;
     }
     // Evidence from a few sizes does not speak for the rest: it must cover a quarter of these bytes.
