@@ -7,8 +7,8 @@
     python3 bench/attribution.py --unknown-table [--oomdoc-before OLD_BINARY]
 
 Inputs (default): every *.pickle under ../shared/real-artifacts/snapshots/, fixtures/real/*.pickle,
-fixtures/real-gpu/*/snapshot.pickle and fixtures/real-gpu/*/*.pickle* (.gz is read with gzip), relative to the
-repo root. Files with identical (decompressed) bytes are counted once, under the first name met. Each file is
+fixtures/real-gpu/*/snapshot.pickle, fixtures/real-gpu/*/*.pickle* and the framework corpus's
+fixtures/real-gpu/frameworks/*/snapshot.pickle* (.gz and .xz are decompressed), relative to the repo root. Files with identical (decompressed) bytes are counted once, under the first name met. Each file is
 loaded with an unpickler that refuses every global (a snapshot is plain data); files that fail to load, or are
 not snapshots, are skipped with a note on stderr.
 
@@ -34,7 +34,8 @@ A case passes with agreement >= 90%, wrong <= 5%, unknown <= 10%. Cases whose in
 allocated bytes are not scored ("reference too unnamed"). `state` rows are shown but never counted as failures.
 
 Halves: the distinct file names (basename, or parent/basename where basenames collide) are sorted; the tuning
-half is the files at even positions (0, 2, 4, ...), the held-back half those at odd positions.
+half is the files at even positions (0, 2, 4, ...), the held-back half those at odd positions. The framework
+corpus, captured after the attribution was written, is held back whole.
 
 --unknown-table: for every input (no degradation) the share of allocated bytes in `unknown` at --at end, summed
 over devices, for --oomdoc and optionally --oomdoc-before side by side (files with < 256 MiB allocated are
@@ -49,6 +50,7 @@ import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import pickle
 import statistics
@@ -69,6 +71,8 @@ ALL_VARIANTS = ["late@0.25", "late@0.5", "late@0.75", "python", "late@0.5+python
 LIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The framework corpus (issue 38), captured after the attribution was written: all of it is held back.
+FRAMEWORKS = os.path.join("fixtures", "real-gpu", "frameworks")
 
 
 def note(msg):
@@ -88,6 +92,8 @@ def read_bytes(path):
         data = f.read()
     if path.endswith(".gz") or data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
+    elif path.endswith(".xz") or data[:6] == b"\xfd7zXZ\x00":
+        data = lzma.decompress(data)
     return data
 
 
@@ -97,6 +103,7 @@ def default_inputs():
         os.path.join(REPO, "fixtures", "real", "*.pickle"),
         os.path.join(REPO, "fixtures", "real-gpu", "*", "snapshot.pickle"),
         os.path.join(REPO, "fixtures", "real-gpu", "*", "*.pickle*"),
+        os.path.join(REPO, FRAMEWORKS, "*", "snapshot.pickle*"),
     ]
     out = []
     for p in pats:
@@ -139,9 +146,14 @@ def collect_inputs(paths):
     return out
 
 
-def halves(names):
-    order = sorted(set(names))
-    return {n: ("tune" if i % 2 == 0 else "held") for i, n in enumerate(order)}
+def halves(inputs):
+    """{name: 'tune' | 'held'}: alternate by sorted name; the framework corpus is all held back."""
+    corpus = os.path.realpath(os.path.join(REPO, FRAMEWORKS)) + os.sep
+    new = {n for n, p, _ in inputs if os.path.realpath(p).startswith(corpus)}
+    order = sorted({n for n, _, _ in inputs} - new)
+    which = {n: ("tune" if i % 2 == 0 else "held") for i, n in enumerate(order)}
+    which.update({n: "held" for n in new})
+    return which
 
 
 def load(data):
@@ -436,7 +448,7 @@ def med(xs):
 # modes
 
 def attribution(args, inputs):
-    which = halves([n for n, _, _ in inputs])
+    which = halves(inputs)
     variants = args.variants
     tmp_ctx = None
     if args.keep_dir:
@@ -579,7 +591,7 @@ def attribution(args, inputs):
 
 
 def unknown_table(args, inputs):
-    which = halves([n for n, _, _ in inputs])
+    which = halves(inputs)
     binaries = [("oomdoc", args.oomdoc)]
     if args.oomdoc_before:
         binaries.insert(0, ("before", args.oomdoc_before))

@@ -296,13 +296,14 @@ fn attribute_with(
     if before_recording.is_empty() {
         return (out, None);
     }
-    let freed: FxHashMap<u64, u32> = if events.is_empty() {
+    let counts: FxHashMap<u64, (u32, u32)> = if events.is_empty() {
         FxHashMap::default()
     } else {
-        trace.by_size(tl, dev, cats).iter().map(|(&size, ev)| (size, ev.freed_from_before_after_step)).collect()
+        let by_size = trace.by_size(tl, dev, cats);
+        by_size.iter().map(|(&size, ev)| (size, (ev.freed_from_before_after_step, ev.gradients_at_most))).collect()
     };
     let roles =
-        roles_before_recording(&mut out, state, &before_recording, &freed, events.is_empty(), parameters_elsewhere);
+        roles_before_recording(&mut out, state, &before_recording, &counts, events.is_empty(), parameters_elsewhere);
     (out, roles)
 }
 
@@ -323,6 +324,11 @@ struct SizeEvidence {
     last_freed_from_before: usize,
     /// Those frees made after the trace's last new optimizer state: `zero_grad` setting the gradients to None.
     freed_from_before_after_step: u32,
+    /// The most blocks of this size the backward (AccumulateGrad, or a frameless allocation) held at once, and
+    /// when, where the optimizer stepped after it: a whole backward makes one gradient per parameter, so this counts
+    /// the parameters of this size.
+    gradients_at_most: u32,
+    gradients_at_most_when: usize,
     /// The category the trace allocates this size as most often, of those not a parameter's kind.
     most_other: Option<&'static str>,
 }
@@ -337,6 +343,8 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
     let mut engine_checked: FxHashMap<StackId, bool> = FxHashMap::default();
     let mut last_optimizer_state: Option<usize> = None;
     let mut freed_from_before: Vec<(usize, u64)> = Vec::new();
+    let mut gradient_like: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut gradients_live: FxHashMap<u64, u32> = FxHashMap::default();
     for (i, e) in dev.events.iter().enumerate() {
         match e.action {
             Action::Alloc => {
@@ -344,12 +352,21 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
                 // The engine's allocations outside AccumulateGrad (and, under stacks="python", all of its
                 // allocations, which have no frame) are as often an activation's gradient or a temporary as a
                 // weight's gradient: they say nothing of whether the size is a parameter's.
-                if e.stack == EMPTY_STACK {
-                    held.insert(e.addr, (e.size, None));
-                    continue;
+                let c = if e.stack == EMPTY_STACK { "gradient" } else { cats.of(e.stack) };
+                let engine_only = c == "gradient"
+                    && e.stack != EMPTY_STACK
+                    && !*engine_checked.entry(e.stack).or_insert_with(|| accumulates_grad(tl, e.stack));
+                if c == "gradient" && !engine_only {
+                    gradient_like.insert(e.addr, e.size);
+                    let live = gradients_live.entry(e.size).or_default();
+                    *live += 1;
+                    let ev = by_size.entry(e.size).or_default();
+                    if *live > ev.gradients_at_most {
+                        ev.gradients_at_most = *live;
+                        ev.gradients_at_most_when = i;
+                    }
                 }
-                let c = cats.of(e.stack);
-                if c == "gradient" && !*engine_checked.entry(e.stack).or_insert_with(|| accumulates_grad(tl, e.stack)) {
+                if e.stack == EMPTY_STACK || engine_only {
                     held.insert(e.addr, (e.size, None));
                     continue;
                 }
@@ -375,8 +392,20 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
             }
             Action::FreeRequested => {
                 held.remove(&e.addr);
+                if let Some(size) = gradient_like.remove(&e.addr) {
+                    if let Some(live) = gradients_live.get_mut(&size) {
+                        *live = live.saturating_sub(1);
+                    }
+                }
             }
             _ => {}
+        }
+    }
+    // The gradients counted are every parameter's only where the optimizer stepped after them: a backward cut short
+    // by the OOM or the trace's end made some.
+    for ev in by_size.values_mut() {
+        if last_optimizer_state.is_none_or(|step| step < ev.gradients_at_most_when) {
+            ev.gradients_at_most = 0;
         }
     }
     if let Some(step) = last_optimizer_state {
@@ -522,7 +551,7 @@ fn roles_before_recording(
     out: &mut Attribution,
     state: &State,
     blocks: &[(u64, u64)],
-    freed_after_step: &FxHashMap<u64, u32>,
+    trace_counts: &FxHashMap<u64, (u32, u32)>,
     state_only: bool,
     parameters_elsewhere: Option<u64>,
 ) -> Option<(u64, u64)> {
@@ -568,11 +597,19 @@ fn roles_before_recording(
     // Copies per parameter (roles), by bytes: from the sizes whose parameter count is known.
     let mut votes: FxHashMap<u64, u64> = FxHashMap::default();
     for (&size, addrs) in &by_size {
-        let Some(k) = known.get(&size) else { continue };
+        let k = &known.get(&size).copied().unwrap_or_default();
         let params = known_params(size, k);
         // Only a gradient or an optimizer moment shows that copies exist: parameters alone (some loaded with a
         // stack, the rest before recording) say nothing of how many copies each has.
         if params == 0 || k[1] + k[2] == 0 {
+            // Where nothing live shows them, the backward's gradients do: it held as many of the size at most as
+            // there are parameters of it.
+            let gradients = trace_counts.get(&size).map_or(0, |c| c.1) as u64;
+            if gradients > 0 && k[1] + k[2] == 0 {
+                let total = addrs.len() as u64 + k[0];
+                let roles = ((total as f64 / gradients.max(k[0]) as f64).round() as u64).clamp(1, 4);
+                *votes.entry(roles).or_default() += size * addrs.len() as u64;
+            }
             continue;
         }
         let total = addrs.len() as u64 + k[0] + k[1] + k[2];
@@ -584,7 +621,7 @@ fn roles_before_recording(
             Some(&(per_line, lines)) if lines >= 2 && per_line < k[2] => {
                 let base = 1 + lines;
                 let exact = [1, 0].into_iter().find(|g| total == per_line * (base + g));
-                let freed = freed_after_step.get(&size).copied().unwrap_or(0);
+                let freed = trace_counts.get(&size).map_or(0, |c| c.0);
                 let g = exact.unwrap_or(if k[1] > 0 || freed == 0 { 1 } else { 0 });
                 (base + g).clamp(1, 4)
             }
