@@ -49,7 +49,8 @@ pub enum Reason {
     StateKept,
     /// Alive since before recording; the trace allocates blocks of its size as this category again and again.
     SizeAllocatedInTrace,
-    /// Alive since before recording, but the trace frees other blocks of its size made before it: transient.
+    /// Alive since before recording, but the trace was still freeing other blocks of its size made before it when it
+    /// ended: transient.
     FreedLikeIt,
 }
 
@@ -67,7 +68,7 @@ impl Reason {
                 "allocated before recording; the trace allocates and keeps its size as this"
             }
             Reason::FreedLikeIt => {
-                "allocated before recording; the trace frees others of its size: transient, not the model"
+                "allocated before recording; the trace was still freeing others of its size: transient"
             }
         }
     }
