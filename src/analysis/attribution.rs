@@ -505,13 +505,31 @@ fn like_the_trace(
             known_kind.insert(caller_size(b));
         }
     }
+    let mut live_sizes: FxHashMap<u64, u32> = FxHashMap::default();
+    for (_, _, b) in state.allocated_blocks() {
+        *live_sizes.entry(caller_size(b)).or_default() += 1;
+    }
     let mut held_from_before: FxHashMap<u64, u32> = FxHashMap::default();
     for &(_, size) in &blocks {
         *held_from_before.entry(size).or_default() += 1;
     }
+    // Whether what was kept from before recording is built in layers (most of its bytes in sizes held more than
+    // once): a model of one layer has nothing but lone sizes, and those are its weights.
+    let kept: u64 = blocks.iter().map(|&(_, s)| s).sum();
+    let repeated: u64 = blocks.iter().filter(|&&(_, s)| held_from_before[&s] > 1).map(|&(_, s)| s).sum();
+    let layered = repeated * 2 > kept;
     let mut rest = Vec::with_capacity(blocks.len());
     for (addr, size) in blocks {
         let Some(ev) = evidence.get(&size).filter(|_| !known_kind.contains(&size)) else {
+            // One block of a size nothing else has, that the trace never made: a model's weights come in layers
+            // and copies, so this lone one may as well be the data, the logits or an embedding. Not a guess.
+            if layered
+                && held_from_before[&size] == 1
+                && !evidence.contains_key(&size)
+                && live_sizes.get(&size) == Some(&1)
+            {
+                continue;
+            }
             rest.push((addr, size));
             continue;
         };

@@ -215,7 +215,7 @@ fn weights_sharing_a_size_with_freed_tensors_stay_parameters() {
     // Three blocks of the weights' size, made before recording, are freed as the trace begins; the trace then runs
     // thousands of events without freeing another: the 96 it kept all along are the model (6,301 MiB).
     let cats = degraded("lilysu-late0.25.pickle.xz");
-    assert!(mib(&cats, "parameter") >= 6301, "{cats:?}");
+    assert!(mib(&cats, "parameter").abs_diff(6301) < 20, "{cats:?}");
     assert!(mib(&cats, "activation") < 50, "{cats:?}");
 }
 
@@ -236,4 +236,27 @@ fn the_backwards_gradients_count_the_parameters_when_every_moment_predates_recor
     let cats = degraded("labelled-modules-late0.5.pickle.xz");
     assert!(mib(&cats, "optimizer_state").abs_diff(862) < 40, "{cats:?}");
     assert!(mib(&cats, "parameter").abs_diff(437) < 40, "{cats:?}");
+}
+
+#[test]
+fn a_lone_block_from_before_recording_in_a_layered_model_is_not_guessed() {
+    // The ftcourse fine-tune recorded late: one 122 MiB block (the logits) of a size nothing else has and the trace
+    // never made. The model kept from before is built in layers, so a lone size is as likely the data or the logits
+    // as a weight: unknown, not a parameter. A one-layer model's lone sizes stay its weights (mlsys' nn.Linear).
+    let v = json(&[
+        "analyze",
+        "--format",
+        "json",
+        "--at",
+        "end",
+        "--no-progress",
+        "fixtures/attribution/degraded/ftcourse-late0.5.pickle.xz",
+    ]);
+    let cats: Vec<(String, u64)> = by_category(&v["devices"][0]).into_iter().map(|(c, b)| (c, b >> 20)).collect();
+    assert_eq!(mib(&cats, "unknown"), 122, "{cats:?}");
+    assert!(mib(&cats, "parameter").abs_diff(1053) < 40, "{cats:?}");
+    assert!(mib(&cats, "activation").abs_diff(1008) < 40, "{cats:?}");
+    let linear = degraded("mlsys-linear-late0.5.pickle.xz");
+    assert_eq!(mib(&linear, "unknown"), 0, "{linear:?}");
+    assert!(mib(&linear, "parameter") >= 1908, "{linear:?}");
 }
