@@ -160,9 +160,22 @@ pub fn attribute(
     end: impl FnOnce() -> State,
     cats: &mut CategoryCache,
 ) -> Attribution {
-    let mut trace = TraceEvidence::of(dev);
+    attribute_with_evidence(tl, dev, state, seen, end, cats, &mut TraceEvidence::of(dev))
+}
+
+/// [`attribute`] with the trace's evidence read once and kept by the caller, for a view that attributes many
+/// moments of one trace (the TUI's cursor).
+pub fn attribute_with_evidence(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    state: &State,
+    seen: usize,
+    end: impl FnOnce() -> State,
+    cats: &mut CategoryCache,
+    trace: &mut TraceEvidence,
+) -> Attribution {
     let labels = labels(tl, dev, state, seen);
-    let (out, evidenced) = attribute_with(tl, dev, state, &labels, cats, &mut trace, None);
+    let (out, evidenced) = attribute_with(tl, dev, state, &labels, cats, trace, None);
     let mut out = if evidenced.is_some() || seen >= dev.events.len() {
         out
     } else {
@@ -170,8 +183,8 @@ pub fn attribute(
         // gradient is live and the optimizer's state has no stack): the end of the trace may.
         let end = end();
         let end_labels = self::labels(tl, dev, &end, dev.events.len());
-        match attribute_with(tl, dev, &end, &end_labels, cats, &mut trace, None).1 {
-            Some((_, p)) => attribute_with(tl, dev, state, &labels, cats, &mut trace, Some(p)).0,
+        match attribute_with(tl, dev, &end, &end_labels, cats, trace, None).1 {
+            Some((_, p)) => attribute_with(tl, dev, state, &labels, cats, trace, Some(p)).0,
             None => out,
         }
     };
@@ -181,14 +194,14 @@ pub fn attribute(
 
 /// What the whole trace says, whatever the moment: whether it records stacks, and what it allocates (and frees
 /// from before it began) of each size.
-struct TraceEvidence {
+pub struct TraceEvidence {
     stacks: bool,
     /// Read once, when a moment first has blocks from before recording.
     by_size: Option<FxHashMap<u64, SizeEvidence>>,
 }
 
 impl TraceEvidence {
-    fn of(dev: &DeviceTimeline) -> TraceEvidence {
+    pub fn of(dev: &DeviceTimeline) -> TraceEvidence {
         let stacks = dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
         TraceEvidence { stacks, by_size: None }
     }

@@ -4,6 +4,7 @@
 
 use rustc_hash::FxHashMap;
 
+use crate::analysis::attribution::{attribute_with_evidence, Attributed, Source, TraceEvidence};
 use crate::analysis::categories::{Categorizer, CategoryCache};
 use crate::analysis::{culprit, Finding};
 use crate::job::Analysed;
@@ -81,6 +82,8 @@ pub struct Row {
     pub alloc_event: Option<u32>,
     pub age_us: Option<i64>,
     pub category: &'static str,
+    /// How the category was known (label, stack, or inferred from lifetime and size); none for `unknown`.
+    pub source: Option<Source>,
     pub culprit: String,
     pub stack: StackId,
 }
@@ -91,6 +94,10 @@ pub struct DeviceCtx<'t> {
     pub oom: Option<u32>,
     /// The event the analysis's report of this GPU describes (the OOM, else the peak): where its findings point.
     pub reported_at: Option<u32>,
+    /// What the whole trace says of each size, read once for every cursor position's attribution.
+    evidence: TraceEvidence,
+    /// The state at the trace's end, made the first time a moment shows nothing of the parameters' copies.
+    end_state: Option<State>,
 }
 
 pub struct App<'t> {
@@ -155,6 +162,8 @@ impl<'t> App<'t> {
                 },
                 oom: d.events.iter().rposition(|e| e.action == Ev::Oom).map(|i| i as u32),
                 reported_at: analysis.devices.iter().find(|r| r.device == d.device).and_then(|r| r.event_index),
+                evidence: TraceEvidence::of(d),
+                end_state: None,
             })
             .collect();
         let mut app = App {
@@ -254,6 +263,15 @@ impl<'t> App<'t> {
 
     /// Rebuilds the live table: the cursor, filter, grouping or sort changed.
     pub fn rebuild_rows(&mut self) {
+        // What each live block is for, as the report says it: from labels, stacks, or lifetime and size.
+        let attribution = {
+            let Some(d) = self.devices.get_mut(self.dev) else { return };
+            let seen = self.cursor.map_or(0, |c| c as usize + 1);
+            let (replay, end_state) = (&d.replay, &mut d.end_state);
+            let last = replay.device().events.len().checked_sub(1).map(|i| i as u32);
+            let end = || end_state.get_or_insert_with(|| replay.state_at(last)).clone();
+            attribute_with_evidence(self.tl, replay.device(), &self.state, seen, end, &mut self.cats, &mut d.evidence)
+        };
         let Some(d) = self.devices.get(self.dev) else { return };
         let events = &d.replay.device().events;
         let now = self.cursor.and_then(|c| events[c as usize].time_us());
@@ -277,13 +295,14 @@ impl<'t> App<'t> {
                 (Some(n), Some(t)) => Some(n - t),
                 _ => None,
             };
-            let category = self.cats.of(stack);
-            rows.push(Row { bytes, count: 1, address, stream, alloc_event, age_us, category, culprit, stack });
+            let Attributed { category, source, .. } = attribution.of(address);
+            rows.push(Row { bytes, count: 1, address, stream, alloc_event, age_us, category, source, culprit, stack });
         }
         if self.group {
-            let mut by: FxHashMap<StackId, Row> = FxHashMap::default();
+            // One row per stack and what it was for: the blocks without a stack are told apart by their category.
+            let mut by: FxHashMap<(StackId, &'static str), Row> = FxHashMap::default();
             for r in rows {
-                by.entry(r.stack)
+                by.entry((r.stack, r.category))
                     .and_modify(|g| {
                         g.bytes += r.bytes;
                         g.count += 1;

@@ -10,8 +10,9 @@ use ratatui::widgets::{
 };
 use ratatui::Frame;
 
-use super::app::{App, Panel, Sort};
+use super::app::{App, Panel, Row, Sort};
 use super::keys;
+use crate::analysis::attribution::Source;
 use crate::analysis::stacks::folded;
 use crate::analysis::{stack_frames, Severity};
 use crate::timeline::{Action as Ev, BlockState};
@@ -226,7 +227,7 @@ fn draw_live(f: &mut Frame, app: &App, area: Rect) {
             Cell::from(bytes(r.bytes)),
             Cell::from(mid),
             Cell::from(third),
-            Cell::from(r.category.replace('_', " ")),
+            Cell::from(category_cell(r)),
             Cell::from(r.culprit.clone()),
         ])
     });
@@ -245,6 +246,16 @@ fn draw_live(f: &mut Frame, app: &App, area: Rect) {
     .row_highlight_style(Style::default().reversed());
     let mut state = TableState::default().with_selected((!app.rows.is_empty()).then_some(app.selected));
     f.render_stateful_widget(table, area, &mut state);
+}
+
+/// The category as the report words it; `~` marks one inferred from lifetime and size (the help says so).
+fn category_cell(r: &Row) -> String {
+    let words = r.category.replace('_', " ");
+    if r.source == Some(Source::Inferred) {
+        format!("~{words}")
+    } else {
+        words
+    }
 }
 
 fn stream_name(s: u64) -> String {
@@ -568,6 +579,7 @@ fn draw_help(f: &mut Frame, area: Rect) {
         lines.push(Line::from(vec![Span::from(format!("{:<12}", b.keys)).bold(), Span::from(b.help)]));
     }
     lines.push(Line::from(""));
+    lines.push(Line::from("~ before a category: inferred from lifetime and size (no stack said)."));
     lines.push(Line::from("Esc or ? closes this help.").dim());
     let w = 72.min(area.width);
     let h = (lines.len() as u16 + 2).min(area.height);
