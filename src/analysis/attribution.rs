@@ -47,7 +47,7 @@ pub enum Reason {
     StateSizesRepeat,
     /// A state-only dump: kept, and first of its size.
     StateKept,
-    /// Alive since before recording; the trace allocates blocks of its size as this category again and again.
+    /// Alive since before recording; the trace allocates blocks of its size as this category and keeps them.
     SizeAllocatedInTrace,
     /// Alive since before recording, but the trace was still freeing other blocks of its size made before it when it
     /// ended: transient.
@@ -148,7 +148,6 @@ fn labels(tl: &Timeline, dev: &DeviceTimeline, state: &State, seen: usize) -> Fx
 /// Role a size group's blocks take, in the order the allocator's users create them.
 const ROLES: [&str; 3] = ["parameter", "gradient", "optimizer_state"];
 
-/// Attributes every allocated block of `state`.
 /// Attributes every allocated block of `state`, the allocator's state once the first `seen` trace events happened.
 /// `end` gives the state at the end of the trace (with each block's allocating event), asked for only when this
 /// moment shows nothing of how many copies of each parameter the job keeps.
@@ -180,11 +179,19 @@ pub fn attribute_with_evidence(
         out
     } else {
         // At this moment nothing live shows how many copies of each parameter the job keeps (in the forward, no
-        // gradient is live and the optimizer's state has no stack): the end of the trace may.
-        let end = end();
-        let end_labels = self::labels(tl, dev, &end, dev.events.len());
-        match attribute_with(tl, dev, &end, &end_labels, cats, trace, None).1 {
-            Some((_, p)) => attribute_with(tl, dev, state, &labels, cats, trace, Some(p)).0,
+        // gradient is live and the optimizer's state has no stack): the end of the trace may. Read once per trace.
+        let parameters = match trace.parameters_at_end {
+            Some(p) => p,
+            None => {
+                let end = end();
+                let end_labels = self::labels(tl, dev, &end, dev.events.len());
+                let p = attribute_with(tl, dev, &end, &end_labels, cats, trace, None).1.map(|(_, p)| p);
+                trace.parameters_at_end = Some(p);
+                p
+            }
+        };
+        match parameters {
+            Some(p) => attribute_with(tl, dev, state, &labels, cats, trace, Some(p)).0,
             None => out,
         }
     };
@@ -198,12 +205,14 @@ pub struct TraceEvidence {
     stacks: bool,
     /// Read once, when a moment first has blocks from before recording.
     by_size: Option<FxHashMap<u64, SizeEvidence>>,
+    /// The parameters' bytes the end of the trace shows (none where it shows no copies), once a moment asked.
+    parameters_at_end: Option<Option<u64>>,
 }
 
 impl TraceEvidence {
     pub fn of(dev: &DeviceTimeline) -> TraceEvidence {
         let stacks = dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
-        TraceEvidence { stacks, by_size: None }
+        TraceEvidence { stacks, by_size: None, parameters_at_end: None }
     }
 
     fn by_size(
@@ -247,8 +256,7 @@ fn attribute_with(
             if c == "gradient" {
                 // The autograd engine allocates an activation's gradient and a temporary as readily as a weight's
                 // gradient: only AccumulateGrad's own frames settle it by stack.
-                let accumulate = *engine_checked.entry(b.stack).or_insert_with(|| accumulates_grad(tl, b.stack));
-                if !accumulate {
+                if engine_only(tl, b.stack, &mut engine_checked) {
                     backward.push((addr, size));
                     out.blocks.insert(addr, Attributed { category: c, source: Some(Source::Stack), reason: None });
                     continue;
@@ -270,9 +278,9 @@ fn attribute_with(
     // Blocks from before recording that the trace shows transient, or kept as the trace keeps another kind, are
     // that kind; only the rest are what the model is built of, and lend their sizes to the backward's judgement.
     if !before_recording.is_empty() && !events.is_empty() {
-        let not_engine: FxHashSet<u64> = backward.iter().map(|&(a, _)| a).collect();
+        let engine: FxHashSet<u64> = backward.iter().map(|&(a, _)| a).collect();
         before_recording =
-            like_the_trace(&mut out, state, before_recording, &not_engine, trace.by_size(tl, dev, cats), events.len());
+            like_the_trace(&mut out, state, before_recording, &engine, trace.by_size(tl, dev, cats), events.len());
     }
 
     // Sizes a parameter has: known parameters, and the blocks kept from before recording (parameters and their
@@ -338,11 +346,11 @@ struct SizeEvidence {
     last_freed_from_before: usize,
     /// Those frees made after the trace's last new optimizer state: `zero_grad` setting the gradients to None.
     freed_from_before_after_step: u32,
-    /// The most blocks of this size the backward (AccumulateGrad, or a frameless allocation) held at once, and
-    /// when, where the optimizer stepped after it: a whole backward makes one gradient per parameter, so this counts
-    /// the parameters of this size.
+    /// The most blocks of this size the backward (AccumulateGrad, or a frameless allocation: under
+    /// stacks="python" the only trace of a gradient) held at once before the optimizer's last step: a whole
+    /// backward makes one gradient per parameter, so this counts the parameters of this size (a frameless
+    /// temporary of the same size may add one).
     gradients_at_most: u32,
-    gradients_at_most_when: usize,
     /// The category the trace allocates this size as most often, of those not a parameter's kind.
     most_other: Option<&'static str>,
 }
@@ -350,15 +358,16 @@ struct SizeEvidence {
 fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) -> FxHashMap<u64, SizeEvidence> {
     let mut by_size: FxHashMap<u64, SizeEvidence> = FxHashMap::default();
     let mut other: FxHashMap<u64, FxHashMap<&'static str, u32>> = FxHashMap::default();
-    // Blocks the trace allocated and has not freed yet, with their category where it is another than a
-    // parameter's kind.
-    let mut held: FxHashMap<u64, (u64, Option<&'static str>)> = FxHashMap::default();
+    // Blocks of another kind than a parameter's that the trace allocated and has not freed yet.
+    let mut held: FxHashMap<u64, (u64, &'static str)> = FxHashMap::default();
     let mut seen_alloc: FxHashSet<u64> = FxHashSet::default();
     let mut engine_checked: FxHashMap<StackId, bool> = FxHashMap::default();
     let mut last_optimizer_state: Option<usize> = None;
     let mut freed_from_before: Vec<(usize, u64)> = Vec::new();
     let mut gradient_like: FxHashMap<u64, u64> = FxHashMap::default();
     let mut gradients_live: FxHashMap<u64, u32> = FxHashMap::default();
+    // Each size's record counts of live gradients, with the event that set them (rising in both).
+    let mut gradient_records: FxHashMap<u64, Vec<(usize, u32)>> = FxHashMap::default();
     for (i, e) in dev.events.iter().enumerate() {
         match e.action {
             Action::Alloc => {
@@ -367,21 +376,17 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
                 // allocations, which have no frame) are as often an activation's gradient or a temporary as a
                 // weight's gradient: they say nothing of whether the size is a parameter's.
                 let c = if e.stack == EMPTY_STACK { "gradient" } else { cats.of(e.stack) };
-                let engine_only = c == "gradient"
-                    && e.stack != EMPTY_STACK
-                    && !*engine_checked.entry(e.stack).or_insert_with(|| accumulates_grad(tl, e.stack));
+                let engine_only = c == "gradient" && engine_only(tl, e.stack, &mut engine_checked);
                 if c == "gradient" && !engine_only {
                     gradient_like.insert(e.addr, e.size);
                     let live = gradients_live.entry(e.size).or_default();
                     *live += 1;
-                    let ev = by_size.entry(e.size).or_default();
-                    if *live > ev.gradients_at_most {
-                        ev.gradients_at_most = *live;
-                        ev.gradients_at_most_when = i;
+                    let records = gradient_records.entry(e.size).or_default();
+                    if records.last().is_none_or(|&(_, n)| *live > n) {
+                        records.push((i, *live));
                     }
                 }
                 if e.stack == EMPTY_STACK || engine_only {
-                    held.insert(e.addr, (e.size, None));
                     continue;
                 }
                 if c == "optimizer_state" {
@@ -389,10 +394,9 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
                 }
                 if ROLES.contains(&c) {
                     by_size.entry(e.size).or_default().parameter_kind += 1;
-                    held.insert(e.addr, (e.size, None));
                 } else {
                     *other.entry(e.size).or_default().entry(c).or_default() += 1;
-                    held.insert(e.addr, (e.size, Some(c)));
+                    held.insert(e.addr, (e.size, c));
                 }
             }
             Action::FreeRequested if !seen_alloc.contains(&e.addr) => {
@@ -416,10 +420,12 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
         }
     }
     // The gradients counted are every parameter's only where the optimizer stepped after them: a backward cut short
-    // by the OOM or the trace's end made some.
-    for ev in by_size.values_mut() {
-        if last_optimizer_state.is_none_or(|step| step < ev.gradients_at_most_when) {
-            ev.gradients_at_most = 0;
+    // by the OOM or the trace's end made some, and may have gone higher with its temporaries.
+    if let Some(step) = last_optimizer_state {
+        for (size, records) in gradient_records {
+            if let Some(&(_, n)) = records.iter().rev().find(|&&(when, _)| when < step) {
+                by_size.entry(size).or_default().gradients_at_most = n;
+            }
         }
     }
     if let Some(step) = last_optimizer_state {
@@ -428,13 +434,10 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
         }
     }
     for (size, c) in held.into_values() {
-        if let Some(c) = c {
-            *by_size.entry(size).or_default().kept_other.entry(c).or_default() += 1;
-        }
+        *by_size.entry(size).or_default().kept_other.entry(c).or_default() += 1;
     }
     for (size, counts) in other {
-        let most = counts.into_iter().max_by_key(|(c, n)| (*n, std::cmp::Reverse(*c))).map(|(c, _)| c);
-        by_size.entry(size).or_default().most_other = most;
+        by_size.entry(size).or_default().most_other = most_common(&counts).map(|(c, _)| c);
     }
     by_size
 }
@@ -492,6 +495,17 @@ fn caller_size(b: &LiveBlock) -> u64 {
     }
 }
 
+/// The category counted most often (ties to the first by name), and its count.
+fn most_common(counts: &FxHashMap<&'static str, u32>) -> Option<(&'static str, u32)> {
+    counts.iter().max_by_key(|(c, n)| (**n, std::cmp::Reverse(**c))).map(|(c, n)| (*c, *n))
+}
+
+/// Whether a stack the categories call a gradient is only the autograd engine's (no AccumulateGrad frame): as often
+/// an activation's gradient or a temporary as a weight's gradient. Frameless stacks are judged by the caller.
+fn engine_only(tl: &Timeline, stack: StackId, checked: &mut FxHashMap<StackId, bool>) -> bool {
+    stack != EMPTY_STACK && !*checked.entry(stack).or_insert_with(|| accumulates_grad(tl, stack))
+}
+
 fn accumulates_grad(tl: &Timeline, stack: StackId) -> bool {
     tl.stacks.stack(stack).iter().any(|&f| {
         let name = tl.strings.get(tl.stacks.frame(f).name);
@@ -499,10 +513,12 @@ fn accumulates_grad(tl: &Timeline, stack: StackId) -> bool {
     })
 }
 
-/// The blocks from before recording whose size the trace shows as another kind than the model's: most of their size
-/// from before recording were freed in the trace (transient: the backward consumes what the forward saved), or the
-/// trace allocates their size as another category and keeps those as these are kept. Attributes those and returns
-/// the rest. A size a label or stack (not the engine's, which `engine` holds) shows as a parameter's kind is kept.
+/// The blocks from before recording whose size the trace shows as another kind than the model's: the trace was still
+/// freeing others of their size from before recording when it ended (transient: the backward consumes what the
+/// forward saved), or it allocates their size as another category and keeps those as these are kept. Attributes
+/// those, leaves unknown a lone block (the only one of a size the trace never made) among blocks built in layers,
+/// and returns the rest. A size a label or stack (not the engine's, whose blocks `engine` holds) shows as a
+/// parameter's kind is kept.
 fn like_the_trace(
     out: &mut Attribution,
     state: &State,
@@ -550,16 +566,16 @@ fn like_the_trace(
         // last of those frees than the frees took): the size is transient, as what the model is built of is not,
         // and what the trace allocates its size as says what for. Frees made only as the trace began (the last
         // tensors of a step, a model deleted) say nothing of the blocks the trace kept all along.
-        let span = ev.last_freed_from_before - ev.first_freed_from_before;
-        let still_freeing = ev.freed_from_before >= 2 && events - ev.last_freed_from_before <= span;
+        let span = ev.last_freed_from_before.saturating_sub(ev.first_freed_from_before);
+        let after = events.saturating_sub(ev.last_freed_from_before + 1);
+        let still_freeing = ev.freed_from_before >= 2 && after <= span;
         if ev.parameter_kind == 0 && still_freeing {
             let category = ev.most_other.filter(|c| *c != "unknown").unwrap_or("activation");
             let a = Attributed { category, source: Some(Source::Inferred), reason: Some(Reason::FreedLikeIt) };
             out.blocks.insert(addr, a);
             continue;
         }
-        let (other, n) =
-            ev.kept_other.iter().max_by_key(|(c, n)| (**n, std::cmp::Reverse(**c))).map_or(("", 0), |(c, n)| (*c, *n));
+        let (other, n) = most_common(&ev.kept_other).unwrap_or(("", 0));
         if n > ev.parameter_kind {
             let (source, reason) = if other == "unknown" {
                 (None, None)
@@ -576,9 +592,9 @@ fn like_the_trace(
 
 /// The blocks kept from before recording, by size: each parameter's size occurs once per copy the job keeps of it
 /// (its gradient, each optimizer moment). The copies per parameter are read from the sizes where the parameters'
-/// count is known (a gradient or optimizer state the trace saw, or a parameter's stack), else from how the counts
-/// divide; the first copy of each size is the parameter, then the gradient where gradients are kept, then the
-/// optimizer's moments.
+/// count is known (a gradient or optimizer state the trace saw, or a parameter's stack; one optimizer line's
+/// moments; the most gradients the backward held before a step), else from how the counts divide; the first copy
+/// of each size is the parameter, then the gradient where gradients are kept, then the optimizer's moments.
 fn roles_before_recording(
     out: &mut Attribution,
     state: &State,
@@ -612,12 +628,13 @@ fn roles_before_recording(
         let p = params_by_moments.entry(size).or_default();
         *p = (p.0.max(n), p.1 + 1);
     }
-    let known_params = |size: u64, k: &[u64; 3]| -> u64 {
-        let moments = params_by_moments.get(&size).map_or(0, |p| p.0);
-        // One line making every moment (a loop over the state's names) counts them all, not the parameters.
-        let moments = if moments < k[2] { moments } else { 0 };
-        k[0].max(k[1]).max(moments)
+    // The moments of each parameter of a size, where two lines or more made them: (blocks one line made, lines).
+    // One line making every moment (a loop over the state's names) counts them all, not the parameters.
+    let moment_lines = |size: u64, k: &[u64; 3]| -> Option<(u64, u64)> {
+        params_by_moments.get(&size).copied().filter(|&(per_line, lines)| lines >= 2 && per_line < k[2])
     };
+    let known_params =
+        |size: u64, k: &[u64; 3]| -> u64 { k[0].max(k[1]).max(moment_lines(size, k).map_or(0, |m| m.0)) };
     let mut by_size: FxHashMap<u64, Vec<u64>> = FxHashMap::default();
     for &(addr, size) in blocks {
         by_size.entry(size).or_default().push(addr);
@@ -645,12 +662,12 @@ fn roles_before_recording(
             continue;
         }
         let total = addrs.len() as u64 + k[0] + k[1] + k[2];
-        let roles = match params_by_moments.get(&size) {
+        let roles = match moment_lines(size, k) {
             // The optimizer's lines say how many moments each parameter has; the gradient is kept unless the
             // trace freed this size's blocks from before it once the optimizer had made its state (zero_grad
             // setting them to None) and none is live.
             // Where the trace made every moment, the parameters are as many as one line made.
-            Some(&(per_line, lines)) if lines >= 2 && per_line < k[2] => {
+            Some((per_line, lines)) => {
                 let base = 1 + lines;
                 let exact = [1, 0].into_iter().find(|g| total == per_line * (base + g));
                 let freed = trace_counts.get(&size).map_or(0, |c| c.0);

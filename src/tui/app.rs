@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::analysis::attribution::{attribute_with_evidence, Attributed, Source, TraceEvidence};
+use crate::analysis::attribution::{attribute_with_evidence, Attributed, Attribution, Source, TraceEvidence};
 use crate::analysis::categories::{Categorizer, CategoryCache};
 use crate::analysis::{culprit, Finding};
 use crate::job::Analysed;
@@ -94,10 +94,9 @@ pub struct DeviceCtx<'t> {
     pub oom: Option<u32>,
     /// The event the analysis's report of this GPU describes (the OOM, else the peak): where its findings point.
     pub reported_at: Option<u32>,
-    /// What the whole trace says of each size, read once for every cursor position's attribution.
+    /// What the whole trace says of each size (and of the parameters at its end), read once for every cursor
+    /// position's attribution.
     evidence: TraceEvidence,
-    /// The state at the trace's end, made the first time a moment shows nothing of the parameters' copies.
-    end_state: Option<State>,
 }
 
 pub struct App<'t> {
@@ -142,6 +141,8 @@ pub struct App<'t> {
     pub rows: Vec<Row>,
     culprits: FxHashMap<StackId, String>,
     cats: CategoryCache<'t>,
+    /// The attribution of the state at (GPU, cursor), kept while neither moves.
+    attribution: (Option<(usize, Option<u32>)>, Attribution),
 }
 
 impl<'t> App<'t> {
@@ -163,7 +164,6 @@ impl<'t> App<'t> {
                 oom: d.events.iter().rposition(|e| e.action == Ev::Oom).map(|i| i as u32),
                 reported_at: analysis.devices.iter().find(|r| r.device == d.device).and_then(|r| r.event_index),
                 evidence: TraceEvidence::of(d),
-                end_state: None,
             })
             .collect();
         let mut app = App {
@@ -204,6 +204,7 @@ impl<'t> App<'t> {
             rows: Vec::new(),
             culprits: FxHashMap::default(),
             cats: CategoryCache::new(cats, tl),
+            attribution: (None, Attribution::default()),
         };
         app.open_device(first_device(&app.devices));
         app
@@ -263,15 +264,26 @@ impl<'t> App<'t> {
 
     /// Rebuilds the live table: the cursor, filter, grouping or sort changed.
     pub fn rebuild_rows(&mut self) {
-        // What each live block is for, as the report says it: from labels, stacks, or lifetime and size.
-        let attribution = {
+        // What each live block is for, as the report says it: from labels, stacks, or lifetime and size; made again
+        // only where the GPU or the cursor moved (not for a filter, a sort or grouping).
+        let at = (self.dev, self.cursor);
+        if self.attribution.0 != Some(at) {
             let Some(d) = self.devices.get_mut(self.dev) else { return };
             let seen = self.cursor.map_or(0, |c| c as usize + 1);
-            let (replay, end_state) = (&d.replay, &mut d.end_state);
+            let replay = &d.replay;
             let last = replay.device().events.len().checked_sub(1).map(|i| i as u32);
-            let end = || end_state.get_or_insert_with(|| replay.state_at(last)).clone();
-            attribute_with_evidence(self.tl, replay.device(), &self.state, seen, end, &mut self.cats, &mut d.evidence)
-        };
+            let end = || replay.state_at(last);
+            let a = attribute_with_evidence(
+                self.tl,
+                replay.device(),
+                &self.state,
+                seen,
+                end,
+                &mut self.cats,
+                &mut d.evidence,
+            );
+            self.attribution = (Some(at), a);
+        }
         let Some(d) = self.devices.get(self.dev) else { return };
         let events = &d.replay.device().events;
         let now = self.cursor.and_then(|c| events[c as usize].time_us());
@@ -295,14 +307,15 @@ impl<'t> App<'t> {
                 (Some(n), Some(t)) => Some(n - t),
                 _ => None,
             };
-            let Attributed { category, source, .. } = attribution.of(address);
+            let Attributed { category, source, .. } = self.attribution.1.of(address);
             rows.push(Row { bytes, count: 1, address, stream, alloc_event, age_us, category, source, culprit, stack });
         }
         if self.group {
-            // One row per stack and what it was for: the blocks without a stack are told apart by their category.
-            let mut by: FxHashMap<(StackId, &'static str), Row> = FxHashMap::default();
+            // One row per stack and what it was for, and how that was known: the blocks without a stack are told
+            // apart by their category.
+            let mut by: FxHashMap<(StackId, &'static str, Option<Source>), Row> = FxHashMap::default();
             for r in rows {
-                by.entry((r.stack, r.category))
+                by.entry((r.stack, r.category, r.source))
                     .and_modify(|g| {
                         g.bytes += r.bytes;
                         g.count += 1;
