@@ -173,6 +173,9 @@ pub struct EventFacts {
     kinds: Vec<u8>,
     /// The passes of the program's loop, where found (see `analysis::iterations`).
     pub iterations: Option<Iterations>,
+    /// The last event of each optimizer step the program went on from (one still running at the trace's end is not
+    /// among them).
+    closed_steps: Vec<usize>,
     last_compile: Option<usize>,
     facts: Facts,
 }
@@ -228,10 +231,12 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
         "NCCL / c10d frames appear in the file",
     );
     let mut iterations = None;
+    let mut closed_steps = Vec::new();
     let last_compile = last_compile_event(tl, dev, &kinds);
     if !events.is_empty() {
         segment_facts(&mut f, events);
-        let steps = optimizer_steps(events, &kinds);
+        let (steps, open) = optimizer_steps(events, &kinds);
+        closed_steps = steps[..steps.len() - usize::from(open)].to_vec();
         f.num(
             "optimizer.steps",
             steps.len() as f64,
@@ -250,7 +255,18 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
             );
         }
     }
-    EventFacts { kinds, iterations, last_compile, facts: f }
+    EventFacts { kinds, iterations, closed_steps, last_compile, facts: f }
+}
+
+impl EventFacts {
+    /// Whether the trace recorded a whole pass of the program's loop before event `at`: an optimizer step the
+    /// program went on from, or an iteration's end. Where it did not (the OOM struck in the first pass the trace
+    /// holds), what that pass does after `at` — the rest of the forward, the loss, the backward, the optimizer step —
+    /// is nowhere in the file, and a replay that fits up to `at` proves nothing about it.
+    pub fn whole_pass_before(&self, at: usize) -> bool {
+        self.closed_steps.iter().any(|&e| e < at)
+            || self.iterations.as_ref().is_some_and(|it| it.ends.iter().any(|&e| e < at))
+    }
 }
 
 /// Computes every fact for one device, given those computed from its events alone.
@@ -547,7 +563,8 @@ fn segment_facts(f: &mut Facts, events: &[crate::timeline::Event]) {
 
 /// Ends of optimizer steps: the last event of each run of allocations made under `torch.optim` (or another
 /// optimizer's `step`), the natural boundary between training iterations.
-fn optimizer_steps(events: &[crate::timeline::Event], kinds: &[u8]) -> Vec<usize> {
+/// The last event of each optimizer step, and whether the last step was still running at the trace's end.
+fn optimizer_steps(events: &[crate::timeline::Event], kinds: &[u8]) -> (Vec<usize>, bool) {
     let mut ends = Vec::new();
     let mut in_step = false;
     let mut last = 0;
@@ -568,7 +585,7 @@ fn optimizer_steps(events: &[crate::timeline::Event], kinds: &[u8]) -> Vec<usize
     if in_step {
         ends.push(last);
     }
-    ends
+    (ends, in_step)
 }
 
 fn iteration_peaks(f: &mut Facts, cx: &Ctx, steps: &[usize]) {

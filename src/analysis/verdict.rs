@@ -487,6 +487,22 @@ fn proofs(d: &DeviceReport, primary: Option<&Finding>) -> (Vec<String>, Option<S
     };
     let fits = |w: &super::whatif::WhatIf| w.fits == Some(true);
     let refuted = |w: &super::whatif::WhatIf| w.fits == Some(false);
+    // A change that fits, said as a proof where the trace holds a whole pass of the loop before the OOM; where it
+    // ends inside the first one, only the recorded part is proven (refutations stand either way: what does not fit
+    // the part recorded cannot fit the whole).
+    let partial = d.whatif.iter().any(|w| w.recorded_part_only);
+    let proven = |change: String, w: &super::whatif::WhatIf, avoided: &str| {
+        if partial {
+            format!(
+                "avoids this OOM, not proven for the run{approx}: with {change} the part recorded fits ({}); the \
+                 trace ends inside the run's first pass, and what the run does after the failing request was never \
+                 recorded",
+                outcome(w)
+            )
+        } else {
+            format!("proven on this trace{approx}: with {change} {}{avoided}", outcome(w))
+        }
+    };
     // Where the cap is not in the files, a change that fits only under a larger cap is neither proven nor refuted.
     let undecided = |w: &super::whatif::WhatIf| {
         w.undecided_above.map(|l| {
@@ -506,11 +522,15 @@ fn proofs(d: &DeviceReport, primary: Option<&Finding>) -> (Vec<String>, Option<S
     let grows = matches!(rule, Some("leaked-references" | "unbounded-kv-growth"));
     if grows {
         if let Some(w) = find(&|k| k == Knob::NoLeak).filter(|w| fits(w)) {
-            lines.push(format!(
-                "proven on this trace{approx}: without the allocations that accumulate, {} — fixing the leak avoids \
-                 this OOM",
-                outcome(w)
-            ));
+            lines.push(if partial {
+                proven("the allocations that accumulate left out".into(), w, "")
+            } else {
+                format!(
+                    "proven on this trace{approx}: without the allocations that accumulate, {} — fixing the leak \
+                     avoids this OOM",
+                    outcome(w)
+                )
+            });
         }
         let per = d.facts.number("leak.growth_per_interval_bytes");
         let iterations = d.facts.number("leak.intervals");
@@ -554,20 +574,25 @@ fn proofs(d: &DeviceReport, primary: Option<&Finding>) -> (Vec<String>, Option<S
             && d.reserved_unallocated_bytes > d.oom.as_ref().and_then(|o| o.requested_bytes).unwrap_or(u64::MAX);
     if let Some(w) = expandable {
         if fits(w) {
-            lines.push(format!(
-                "proven on this trace{approx}: with expandable_segments:True {} — it would have avoided this OOM",
-                outcome(w)
-            ));
+            lines.push(proven("expandable_segments:True".into(), w, " — it would have avoided this OOM"));
         } else if let Some(line) = undecided(w) {
             lines.push(line);
         } else if fragmented {
             let alt = split.filter(|s| fits(s));
             lines.push(format!("refuted on this trace{approx}: with expandable_segments:True {}", outcome(w)));
             if let Some(s) = alt {
-                lines.push(format!("proven on this trace{approx}: with {} {}", s.change, outcome(s)));
+                lines.push(proven(s.change.clone(), s, ""));
             }
             if rule == Some("fragmentation") {
                 fix = Some(match alt {
+                    Some(s) if partial => format!(
+                        "Set PYTORCH_CUDA_ALLOC_CONF={}: replayed on this trace the part recorded fits with it ({}), \
+                         which expandable segments do not ({}); the trace ends inside the run's first pass, so the \
+                         rest of that pass is unproven.",
+                        s.change,
+                        outcome(s),
+                        outcome(w)
+                    ),
                     Some(s) => format!(
                         "Set PYTORCH_CUDA_ALLOC_CONF={}: replayed on this trace it avoids the OOM ({}). Expandable \
                          segments do not: replayed with them, {}.",
@@ -584,18 +609,21 @@ fn proofs(d: &DeviceReport, primary: Option<&Finding>) -> (Vec<String>, Option<S
                 });
             }
         } else if let Some(s) = split.filter(|s| fits(s)) {
-            lines.push(format!("proven on this trace{approx}: with {} {}", s.change, outcome(s)));
+            lines.push(proven(s.change.clone(), s, ""));
         }
     }
     let scaled: Vec<&super::whatif::WhatIf> =
         d.whatif.iter().filter(|w| matches!(w.knob, Some(Knob::Scale(_, _)))).collect();
     if let Some(w) = scaled.iter().find(|w| fits(w)) {
         let Some(Knob::Scale(c, f)) = w.knob else { unreachable!() };
-        lines.push(format!(
-            "proven on this trace{approx}: with {} ×{f} ({}) {}",
-            category_words(c, ""),
-            if c == "kv_cache" { "a smaller cache or batch" } else { "a smaller batch" },
-            outcome(w)
+        lines.push(proven(
+            format!(
+                "{} ×{f} ({})",
+                category_words(c, ""),
+                if c == "kv_cache" { "a smaller cache or batch" } else { "a smaller batch" }
+            ),
+            w,
+            "",
         ));
     } else if let Some(w) = scaled.last() {
         let Some(Knob::Scale(c, f)) = w.knob else { unreachable!() };
@@ -611,11 +639,12 @@ fn proofs(d: &DeviceReport, primary: Option<&Finding>) -> (Vec<String>, Option<S
             lines.push(line);
             return (lines, fix);
         }
-        lines.push(format!(
-            "{} on this trace{approx}: with an 8-bit optimizer (its state at a quarter) {}",
-            if fits(w) { "proven" } else { "refuted" },
-            outcome(w)
-        ));
+        let change = "an 8-bit optimizer (its state at a quarter)".to_string();
+        lines.push(if fits(w) {
+            proven(change, w, "")
+        } else {
+            format!("refuted on this trace{approx}: with {change} {}", outcome(w))
+        });
     }
     (lines, fix)
 }

@@ -207,6 +207,10 @@ pub struct WhatIf {
     /// Undecided: it fits only if the process could hold more than this (the cap is not in the files).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub undecided_above: Option<u64>,
+    /// The trace ends at an OOM inside the first pass of the program's loop it holds: `fits` says only that the
+    /// part it recorded fits; what that pass does after the failing request was never recorded.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub recorded_part_only: bool,
     /// Which remedy it tries, for the verdict's wording (the automatic ones).
     #[serde(skip)]
     pub knob: Option<Knob>,
@@ -246,6 +250,7 @@ impl WhatIf {
             exact,
             first_failure: out.first_failure,
             undecided_above: None,
+            recorded_part_only: false,
             knob: None,
         }
     }
@@ -420,6 +425,30 @@ pub struct DeviceWhatIfs {
     /// Why the results are approximate, when they are.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approximate: Option<String>,
+    /// Why a change that fits is not proven to avoid the OOM, when it is not (see [`WhatIf::recorded_part_only`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_part_only: Option<String>,
+}
+
+/// The sentence that says why fitting the recorded part proves nothing of the rest, for a trace that ends at an OOM
+/// inside its first pass.
+pub const RECORDED_PART_ONLY: &str = "the trace ends at the OOM inside the first pass of the program's loop it \
+     holds: a change that fits proves only the part recorded, not what the run does after the failing request (the \
+     rest of that pass), which was never recorded";
+
+/// Whether the trace ends at an OOM before it recorded a whole pass of the program's loop: no optimizer step the
+/// program went on from, no iteration's end, and nothing the failing line allocated before was freed before it
+/// (a line that had made and freed memory before had been passed, and what it makes consumed, in an earlier pass:
+/// a decode step's scores, a step's saved activations freed by its backward).
+pub fn ends_inside_first_pass(dev: &DeviceTimeline, events: &super::facts::EventFacts) -> bool {
+    let Some(oom) = dev.events.iter().rposition(|e| e.action == Action::Oom) else { return false };
+    if events.whole_pass_before(oom) {
+        return false;
+    }
+    let line = dev.events[oom].stack;
+    let freed_before = line != crate::timeline::stacks::EMPTY_STACK
+        && dev.events[..oom].iter().any(|e| e.stack == line && e.action == Action::FreeCompleted);
+    !freed_before
 }
 
 /// Whether a frame pattern (`file:line`, `file`, or a function name) names one of the stack's frames.
@@ -545,7 +574,15 @@ pub fn run_device(
             whatif.push(w);
         }
     }
-    Ok(DeviceWhatIfs { device: dev.device, capacity: cap, recorded, whatif, approximate })
+    let mut cache = super::categories::CategoryCache::new(cats, tl);
+    let partial = ends_inside_first_pass(dev, &super::facts::event_facts(tl, dev, &mut cache));
+    for w in &mut whatif {
+        w.recorded_part_only = partial;
+    }
+    // Said where it matters: a change that fits.
+    let recorded_part_only =
+        (partial && whatif.iter().any(|w| w.fits == Some(true))).then(|| RECORDED_PART_ONLY.to_string());
+    Ok(DeviceWhatIfs { device: dev.device, capacity: cap, recorded, whatif, approximate, recorded_part_only })
 }
 
 /// Each requesting stack's category, by stack id (an index into `CATEGORIES`; `u8::MAX` for a stack that made no

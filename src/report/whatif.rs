@@ -123,6 +123,9 @@ pub fn whatif_text(inputs: &[InputWhatIfs]) -> String {
             if let Some(why) = &d.approximate {
                 s += &format!("  approximate: {why}\n");
             }
+            if let Some(why) = &d.recorded_part_only {
+                s += &format!("  not proven: {why}\n");
+            }
             s.push('\n');
         }
     }

@@ -205,16 +205,70 @@ fn proven(d: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn the_verdict_proves_expandable_segments_on_the_real_fragmentation_oom() {
+    // The script's last request fails: nothing in the trace says it was the last, so the replay proves that this OOM
+    // is avoided, not that the run fits (the second capture, with the setting, did finish).
     let d = verdict_of("fixtures/real-gpu/fragmentation");
     assert_eq!(d["verdict"]["primary_rule"], "fragmentation");
     let lines = proven(&d);
     assert!(
-        lines.iter().any(|l| l.starts_with("proven on this trace: with expandable_segments:True")
-            && l.ends_with("it would have avoided this OOM")),
+        lines.iter().any(|l| l.starts_with(
+            "avoids this OOM, not proven for the run: with expandable_segments:True the part recorded fits"
+        ) && l.ends_with("what the run does after the failing request was never recorded")),
         "{lines:?}"
     );
     let w = d["whatif"].as_array().unwrap();
-    assert!(w.iter().any(|w| w["change"] == "expandable_segments:True" && w["fits"] == true), "{w:?}");
+    assert!(
+        w.iter()
+            .any(|w| w["change"] == "expandable_segments:True" && w["fits"] == true && w["recorded_part_only"] == true),
+        "{w:?}"
+    );
+}
+
+/// The real runs of one Trainer OOM at other batches and settings (`fixtures/real-gpu/frameworks/trainer-batch-*`),
+/// each the change a verdict proved: `(capture, change, the run that made it, whether that run finished)`.
+const TRAINER_PAIRS: &[(&str, &str, &str, bool)] = &[
+    ("trainer-batch-too-large", "activations ×0.75", "trainer-batch-12", false),
+    ("trainer-batch-12", "expandable_segments:True", "trainer-batch-12-expandable", false),
+    ("trainer-batch-12", "activations ×0.75", "trainer-batch-8", false),
+    ("trainer-batch-8", "expandable_segments:True", "trainer-batch-8-expandable", true),
+    ("trainer-batch-8", "activations ×0.75", "trainer-batch-6", true),
+];
+
+#[test]
+fn the_whatif_command_says_a_first_step_trace_proves_only_its_recorded_part() {
+    let json = |capture: &str| -> serde_json::Value {
+        let dir = format!("fixtures/real-gpu/frameworks/{capture}/");
+        let o = oomdoc(&["whatif", &dir, "--scale", "activation=0.75", "--format", "json", "--no-progress"]);
+        assert!(o.status.success(), "{}", crate::common::stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let first = json("trainer-batch-too-large");
+    let d = &first["inputs"][0]["devices"][0];
+    assert_eq!(d["whatif"][0]["fits"], true);
+    assert_eq!(d["whatif"][0]["recorded_part_only"], true);
+    assert!(d["recorded_part_only"].as_str().unwrap().contains("was never recorded"), "{d}");
+    // One whole step before its OOM: the replay's answer stands for the run.
+    let second = json("trainer-batch-8");
+    let d = &second["inputs"][0]["devices"][0];
+    assert_eq!(d["whatif"][0]["fits"], true);
+    assert!(d["whatif"][0].get("recorded_part_only").is_none() && d.get("recorded_part_only").is_none(), "{d}");
+}
+
+#[test]
+fn a_replay_proves_a_remedy_only_where_the_trace_holds_a_whole_step_as_the_real_reruns_showed() {
+    // Batch 16 and 12 ran out in the first forward: the replay fits the recorded part at ×0.75 and with expandable
+    // segments, and the real runs at batch 12 (and 8) and with expandable segments still ran out later in the step.
+    // Batch 8 ran one whole step, then ran out in the second backward: what its replay proved, the real runs did.
+    let root = crate::common::root().join("fixtures/real-gpu/frameworks");
+    for &(capture, change, rerun, finished) in TRAINER_PAIRS {
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(root.join(rerun).join("meta.json")).unwrap()).unwrap();
+        assert_eq!(meta["outcome"] == "finished", finished, "{rerun}: {meta}");
+        let d = verdict_of(&format!("fixtures/real-gpu/frameworks/{capture}/"));
+        let line = proven(&d).into_iter().find(|l| l.contains(&format!("with {change}"))).expect(change);
+        let prefix = if finished { "proven on this trace" } else { "avoids this OOM, not proven for the run" };
+        assert!(line.starts_with(prefix), "{capture}, {change} (the real {rerun} finished: {finished}): {line}");
+    }
 }
 
 #[test]
@@ -234,18 +288,22 @@ fn the_verdict_proves_the_leak_fix_and_refutes_a_smaller_batch_on_the_real_leaks
 
 #[test]
 fn the_verdict_proves_its_remedies_on_the_generated_classes() {
-    for (input, says) in [
-        ("fixtures/generated/rules/fragmentation-fire.pickle", "with expandable_segments:True"),
-        ("fixtures/generated/verdict/class2-fragmentation-alone.pickle", "with expandable_segments:True"),
-        ("fixtures/generated/verdict/class2-eval-without-no-grad.pickle", "fixing the leak avoids this OOM"),
+    // Proven where the trace holds a whole pass of the loop before the OOM; where it ends in the first one (the
+    // failing line never ran and freed before), only this OOM is avoided.
+    let (whole, first) = ("proven on this trace", "avoids this OOM, not proven for the run");
+    for (input, starts, says) in [
+        ("fixtures/generated/rules/fragmentation-fire.pickle", first, "with expandable_segments:True"),
+        ("fixtures/generated/verdict/class2-fragmentation-alone.pickle", first, "with expandable_segments:True"),
+        ("fixtures/generated/verdict/class2-eval-without-no-grad.pickle", whole, "fixing the leak avoids this OOM"),
         (
             "fixtures/generated/verdict/class4-attention-25gib-request.pickle",
+            first,
             "with activations ×0.75 (a smaller batch)",
         ),
-        ("fixtures/generated/shapes/v2.14-labels.pickle", "with activations ×0.75 (a smaller batch)"),
+        ("fixtures/generated/shapes/v2.14-labels.pickle", whole, "with activations ×0.75 (a smaller batch)"),
     ] {
         let lines = proven(&verdict_of(input));
-        assert!(lines.iter().any(|l| l.starts_with("proven on this trace") && l.contains(says)), "{input}: {lines:?}");
+        assert!(lines.iter().any(|l| l.starts_with(starts) && l.contains(says)), "{input}: {lines:?}");
     }
     // A growing KV cache: halving it fits the recorded run, but it keeps growing.
     let lines = proven(&verdict_of("fixtures/generated/rules/unbounded-kv-growth-fire-oom.pickle"));
