@@ -198,7 +198,8 @@ fn diff(p: DiffParams) -> Result<Value, String> {
 fn whatif(p: WhatifParams) -> Result<Value, String> {
     let files = checked(&p.files)?;
     let gpu_memory = p.gpu_memory.as_deref().map(crate::units::parse_size_arg).transpose()?;
-    let plan = crate::analysis::whatif::Plan::parse(&p.set, &p.scale, &p.drop_stack, gpu_memory)?;
+    let plan =
+        crate::analysis::whatif::Plan::parse(&p.set, &p.scale, &p.drop_stack, gpu_memory).map_err(|e| e.to_string())?;
     if plan.is_empty() {
         return Err("say what to try: set (a setting), scale (a kind's bytes) or drop_stack (a line)".into());
     }

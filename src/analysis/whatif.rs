@@ -256,9 +256,38 @@ impl WhatIf {
     }
 }
 
+/// A what-if that cannot be asked: a change the simulator does not model or a trace cannot answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WhatIfError {
+    #[error("--set {arg:?}: expected KEY:VALUE, e.g. expandable_segments:True")]
+    NotKeyValue { arg: String },
+    #[error("--set {key}:{value}: expected {expected}")]
+    BadValue { key: String, value: String, expected: &'static str },
+    #[error("--set max_split_size_mb:{value}: torch requires more than 20 (MB)")]
+    SplitTooSmall { value: String },
+    #[error(
+        "--set {key}: not an allocator setting the simulator models (expandable_segments, max_split_size_mb, \
+         roundup_power2_divisions, garbage_collection_threshold)"
+    )]
+    UnknownSetting { key: String },
+    #[error("--scale {arg:?}: expected CATEGORY=FACTOR, e.g. activation=0.75")]
+    NotCategoryFactor { arg: String },
+    #[error("--scale {arg:?}: {category:?} is not a category ({})", super::categories::CATEGORIES.join(", "))]
+    UnknownCategory { arg: String, category: String },
+    #[error("--scale {arg:?}: the factor must be a number ≥ 0, or auto")]
+    BadFactor { arg: String },
+    #[error(
+        "--scale {category}: no request in GPU {device}'s trace is of that kind{}",
+        if *stacks { "" } else { " (the capture recorded no stacks to tell kinds apart)" }
+    )]
+    NoRequestOfKind { category: String, device: i64, stacks: bool },
+    #[error("--drop-stack {pattern}: no request in GPU {device}'s trace has that frame")]
+    NoFrame { pattern: String, device: i64 },
+}
+
 /// An allocator setting as `PYTORCH_CUDA_ALLOC_CONF` writes it, applied to a config.
-pub fn apply_setting(cfg: &mut Config, key: &str, value: &str) -> Result<(), String> {
-    let bad = || format!("--set {key}:{value}: expected {}", expected(key));
+pub fn apply_setting(cfg: &mut Config, key: &str, value: &str) -> Result<(), WhatIfError> {
+    let bad = || WhatIfError::BadValue { key: key.into(), value: value.into(), expected: expected(key) };
     match key {
         "expandable_segments" => {
             cfg.rules.expandable = match value.to_ascii_lowercase().as_str() {
@@ -270,7 +299,7 @@ pub fn apply_setting(cfg: &mut Config, key: &str, value: &str) -> Result<(), Str
         "max_split_size_mb" => {
             let mb: u64 = value.parse().map_err(|_| bad())?;
             if mb <= 20 {
-                return Err(format!("--set max_split_size_mb:{value}: torch requires more than 20 (MB)"));
+                return Err(WhatIfError::SplitTooSmall { value: value.into() });
             }
             cfg.rules.max_split_size = Some(mb << 20);
         }
@@ -282,12 +311,7 @@ pub fn apply_setting(cfg: &mut Config, key: &str, value: &str) -> Result<(), Str
             }
             cfg.gc_threshold = Some(t);
         }
-        _ => {
-            return Err(format!(
-                "--set {key}: not an allocator setting the simulator models (expandable_segments, \
-                 max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold)"
-            ))
-        }
+        _ => return Err(WhatIfError::UnknownSetting { key: key.into() }),
     }
     Ok(())
 }
@@ -361,30 +385,32 @@ pub struct Plan {
 
 impl Plan {
     /// Reads `--set KEY:VALUE`, `--scale CATEGORY=FACTOR|auto` and `--drop-stack FRAME`.
-    pub fn parse(set: &[String], scale: &[String], drop: &[String], gpu_memory: Option<u64>) -> Result<Plan, String> {
+    pub fn parse(
+        set: &[String],
+        scale: &[String],
+        drop: &[String],
+        gpu_memory: Option<u64>,
+    ) -> Result<Plan, WhatIfError> {
         let mut plan = Plan { drop_stacks: drop.to_vec(), gpu_memory, ..Default::default() };
         for s in set {
             let (k, v) = s
                 .split_once(':')
                 .or_else(|| s.split_once('='))
-                .ok_or_else(|| format!("--set {s:?}: expected KEY:VALUE, e.g. expandable_segments:True"))?;
+                .ok_or_else(|| WhatIfError::NotKeyValue { arg: s.clone() })?;
             apply_setting(&mut Config::default(), k.trim(), v.trim())?;
             plan.settings.push((k.trim().to_string(), v.trim().to_string()));
         }
         for s in scale {
-            let (cat, f) = s
-                .split_once('=')
-                .ok_or_else(|| format!("--scale {s:?}: expected CATEGORY=FACTOR, e.g. activation=0.75"))?;
+            let (cat, f) = s.split_once('=').ok_or_else(|| WhatIfError::NotCategoryFactor { arg: s.clone() })?;
             let cat = cat.trim();
             if !super::categories::CATEGORIES.contains(&cat) {
-                let known: Vec<&str> = super::categories::CATEGORIES.to_vec();
-                return Err(format!("--scale {s:?}: {cat:?} is not a category ({})", known.join(", ")));
+                return Err(WhatIfError::UnknownCategory { arg: s.clone(), category: cat.into() });
             }
             let by = match f.trim() {
                 "auto" | "max" => Scale::Largest,
                 f => match f.parse::<f64>() {
                     Ok(x) if x >= 0.0 && x.is_finite() => Scale::By(x),
-                    _ => return Err(format!("--scale {s:?}: the factor must be a number ≥ 0, or auto")),
+                    _ => return Err(WhatIfError::BadFactor { arg: s.clone() }),
                 },
             };
             plan.scales.push((cat.to_string(), by));
@@ -479,7 +505,7 @@ pub fn run_device(
     cats: &super::categories::Categorizer,
     plan: &Plan,
     memory_cap: Option<u64>,
-) -> Result<DeviceWhatIfs, String> {
+) -> Result<DeviceWhatIfs, WhatIfError> {
     let cap = capacity(tl, dev, replay, memory_cap, plan.gpu_memory);
     let base = recorded_config(tl, replay, &cap);
     let plain = Workload::from_trace(replay);
@@ -505,11 +531,11 @@ pub fn run_device(
         let mut cache = super::categories::CategoryCache::new(cats, tl);
         let (cat_of, has) = request_categories(tl, dev, &mut cache);
         if let Some((name, _)) = plan.scales.iter().find(|(name, _)| !category_index(name).is_some_and(|i| has[i])) {
-            return Err(format!(
-                "--scale {name}: no request in GPU {}'s trace is of that kind{}",
-                dev.device,
-                if tl.capture.trace_stacks { "" } else { " (the capture recorded no stacks to tell kinds apart)" }
-            ));
+            return Err(WhatIfError::NoRequestOfKind {
+                category: name.clone(),
+                device: dev.device,
+                stacks: tl.capture.trace_stacks,
+            });
         }
         // Per requesting stack: is it left out, and which scale applies (an index into the plan's).
         let mut dropped = vec![false; cat_of.len()];
@@ -523,10 +549,7 @@ pub fn run_device(
             }
         }
         if let Some(i) = any_dropped.iter().position(|&h| !h) {
-            return Err(format!(
-                "--drop-stack {}: no request in GPU {}'s trace has that frame",
-                plan.drop_stacks[i], dev.device
-            ));
+            return Err(WhatIfError::NoFrame { pattern: plan.drop_stacks[i].clone(), device: dev.device });
         }
         let scale_of: Vec<Option<&Scale>> = cat_of
             .iter()

@@ -154,8 +154,8 @@ fn diff(args: DiffArgs) -> Result<ExitCode, Error> {
 
 fn whatif(args: WhatifArgs) -> Result<ExitCode, Error> {
     use oomdoc::analysis::whatif;
-    let plan =
-        whatif::Plan::parse(&args.set, &args.scale, &args.drop_stack, args.input.gpu_memory).map_err(Error::Usage)?;
+    let plan = whatif::Plan::parse(&args.set, &args.scale, &args.drop_stack, args.input.gpu_memory)
+        .map_err(|e| Error::Usage(e.to_string()))?;
     if args.validate && !plan.is_empty() {
         return Err(Error::Usage(
             "--validate replays the recorded settings; it takes no --set, --scale or --drop-stack".into(),

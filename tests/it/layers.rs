@@ -119,3 +119,52 @@ fn no_module_uses_a_layer_above_its_own() {
     assert!(seen > 100, "only {seen} crate paths seen: is the scan broken?");
     assert!(up.is_empty(), "imports that go up or sideways:\n{}", up.join("\n"));
 }
+
+/// clap's value parsers: the one place a public function returns `Result<_, String>` (clap shows the string).
+const VALUE_PARSERS: &[&str] = &["parse_tz", "parse_size_arg", "parse_count", "parse_size", "parse"];
+
+/// The library's public functions whose errors are strings (a signature may span lines: read up to its body).
+fn string_errors(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices("pub fn ") {
+        let sig = &text[at..text[at..].find('{').map_or(text.len(), |e| at + e)];
+        if sig.contains(", String>") && sig.contains("Result<") {
+            let name = sig["pub fn ".len()..].split(['(', '<']).next().unwrap_or("").to_string();
+            if !VALUE_PARSERS.contains(&name.as_str()) {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_scan_sees_a_string_error_over_several_lines() {
+    assert_eq!(string_errors("pub fn run(\n    a: u8,\n) -> Result<Plan, String> {"), ["run"]);
+    assert!(string_errors("pub fn parse_tz(s: &str) -> Result<i64, String> {").is_empty());
+    assert!(string_errors("pub fn run(a: u8) -> Result<Plan, WhatIfError> {").is_empty());
+}
+
+#[test]
+fn the_library_returns_typed_errors_and_reads_no_environment() {
+    // Environment switches belong to the binary (main.rs, cli/), which hands them down as options.
+    let src = common::root().join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let (mut strings, mut env) = (Vec::new(), Vec::new());
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+        if rel == "main.rs" || rel.starts_with("cli") {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap();
+        strings.extend(string_errors(&text).into_iter().map(|f| format!("{rel}: {f}")));
+        for (no, line) in text.lines().enumerate() {
+            if line.contains("env::var") && !line.trim_start().starts_with("//") {
+                env.push(format!("{rel}:{}", no + 1));
+            }
+        }
+    }
+    assert!(strings.is_empty(), "public functions returning Result<_, String>:\n{}", strings.join("\n"));
+    assert!(env.is_empty(), "environment read inside the library:\n{}", env.join("\n"));
+}
