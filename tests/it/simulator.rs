@@ -287,6 +287,21 @@ fn the_verdict_proves_the_leak_fix_and_refutes_a_smaller_batch_on_the_real_leaks
 }
 
 #[test]
+fn expandable_segments_are_refuted_as_the_fix_for_what_keeps_growing() {
+    // Trainer.evaluate() concatenating every batch's logits on the GPU: the replay with expandable segments fits the
+    // batches recorded, but the next copy is larger again (the OOM message itself suggests the setting).
+    let d = verdict_of("fixtures/real-gpu/frameworks/trainer-eval-keeps-logits");
+    assert_eq!(d["verdict"]["primary_rule"], "growing-buffer");
+    let lines = proven(&d);
+    assert!(
+        lines.iter().any(|l| l.starts_with("refuted as the fix: with expandable_segments:True the recorded run fits")
+            && l.ends_with("it runs out later, not never")),
+        "{lines:?}"
+    );
+    assert!(!lines.iter().any(|l| l.starts_with("proven")), "{lines:?}");
+}
+
+#[test]
 fn the_verdict_proves_its_remedies_on_the_generated_classes() {
     // Proven where the trace holds a whole pass of the loop before the OOM; where it ends in the first one (the
     // failing line never ran and freed before), only this OOM is avoided.
