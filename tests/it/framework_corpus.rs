@@ -44,6 +44,8 @@ const CAPTURES: &[(&str, &str)] = &[
     ("trainer-batch-6", "trainer_batch_6.py"),
     ("trainer-batch-8-expandable", "trainer_batch_8_expandable.py"),
     ("trainer-batch-12-expandable", "trainer_batch_12_expandable.py"),
+    ("trainer-eval-keeps-logits-expandable", "trainer_eval_keeps_logits_expandable.py"),
+    ("timm-eval-many-passes-expandable", "timm_eval_many_passes_expandable.py"),
 ];
 
 /// What the verdict still gets wrong, as `capture:criterion`. The first capture's score and every change to this list

@@ -299,6 +299,18 @@ fn expandable_segments_are_refuted_as_the_fix_for_what_keeps_growing() {
         "{lines:?}"
     );
     assert!(!lines.iter().any(|l| l.starts_with("proven")), "{lines:?}");
+    // Run with the setting on a real GPU, both growing captures still ran out.
+    for (capture, rerun) in [
+        ("trainer-eval-keeps-logits", "trainer-eval-keeps-logits-expandable"),
+        ("timm-eval-many-passes", "timm-eval-many-passes-expandable"),
+    ] {
+        let meta = crate::common::root().join("fixtures/real-gpu/frameworks").join(rerun).join("meta.json");
+        let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(meta).unwrap()).unwrap();
+        assert_eq!(meta["outcome"], "oom", "{rerun}");
+        assert_eq!(meta["alloc_conf"], "expandable_segments:True", "{rerun}");
+        let lines = proven(&verdict_of(&format!("fixtures/real-gpu/frameworks/{capture}")));
+        assert!(lines.iter().any(|l| l.starts_with("refuted as the fix: with expandable_segments:True")), "{lines:?}");
+    }
 }
 
 #[test]
