@@ -207,12 +207,27 @@ pub struct TraceEvidence {
     by_size: Option<FxHashMap<u64, SizeEvidence>>,
     /// The parameters' bytes the end of the trace shows (none where it shows no copies), once a moment asked.
     parameters_at_end: Option<Option<u64>>,
+    /// Whether the trace shows a backward pass, once a moment asked.
+    backward: Option<bool>,
 }
 
 impl TraceEvidence {
     pub fn of(dev: &DeviceTimeline) -> TraceEvidence {
         let stacks = dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
-        TraceEvidence { stacks, by_size: None, parameters_at_end: None }
+        TraceEvidence { stacks, by_size: None, parameters_at_end: None, backward: None }
+    }
+
+    /// Whether the job trains: the trace holds an allocation the autograd engine made (by its frames, or with no
+    /// frame where others have them: its thread has no Python). Only a job that trains keeps copies of its
+    /// parameters (gradients, optimizer moments); an inference trace's blocks from before it are the model.
+    fn shows_backward(&mut self, dev: &DeviceTimeline, cats: &mut CategoryCache) -> bool {
+        let stacks = self.stacks;
+        *self.backward.get_or_insert_with(|| {
+            dev.events.iter().any(|e| {
+                e.action == Action::Alloc
+                    && if e.stack == EMPTY_STACK { stacks } else { cats.of(e.stack) == "gradient" }
+            })
+        })
     }
 
     fn by_size(
@@ -324,8 +339,17 @@ fn attribute_with(
         let by_size = trace.by_size(tl, dev, cats);
         by_size.iter().map(|(&size, ev)| (size, (ev.freed_from_before_after_step, ev.gradients_at_most))).collect()
     };
-    let roles =
-        roles_before_recording(&mut out, state, &before_recording, &counts, events.is_empty(), parameters_elsewhere);
+    // Copies are read from how the counts divide in a state-only dump, and in a trace that shows the job training.
+    let counts_say_copies = events.is_empty() || trace.shows_backward(dev, cats);
+    let roles = roles_before_recording(
+        &mut out,
+        state,
+        &before_recording,
+        &counts,
+        events.is_empty(),
+        counts_say_copies,
+        parameters_elsewhere,
+    );
     (out, roles)
 }
 
@@ -433,8 +457,19 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
             by_size.entry(size).or_default().freed_from_before_after_step += 1;
         }
     }
-    for (size, c) in held.into_values() {
-        *by_size.entry(size).or_default().kept_other.entry(c).or_default() += 1;
+    // A CUDA graph's private pool holds the graph's own buffers, whatever their size: what is kept there says
+    // nothing of a block the job keeps in the default pool.
+    let mut private: Vec<(u64, u64)> =
+        dev.segments.iter().filter(|s| s.pool_id != (0, 0)).map(|s| (s.address, s.address + s.total_size)).collect();
+    private.sort_unstable();
+    let in_private = |addr: u64| {
+        let i = private.partition_point(|&(start, _)| start <= addr);
+        i > 0 && addr < private[i - 1].1
+    };
+    for (addr, (size, c)) in held {
+        if !in_private(addr) {
+            *by_size.entry(size).or_default().kept_other.entry(c).or_default() += 1;
+        }
     }
     for (size, counts) in other {
         by_size.entry(size).or_default().most_other = most_common(&counts).map(|(c, _)| c);
@@ -601,6 +636,7 @@ fn roles_before_recording(
     blocks: &[(u64, u64)],
     trace_counts: &FxHashMap<u64, (u32, u32)>,
     state_only: bool,
+    counts_say_copies: bool,
     parameters_elsewhere: Option<u64>,
 ) -> Option<(u64, u64)> {
     if blocks.is_empty() {
@@ -686,14 +722,15 @@ fn roles_before_recording(
         .max_by_key(|&(r, b)| (b, std::cmp::Reverse(r)))
         .map(|(r, _)| r)
         .filter(|_| voted * 4 >= all_bytes);
-    // Without a size whose parameters the trace shows, only a state-only dump reads copies from counts alone: a
-    // trace's blocks kept from before it began are taken as built with the model.
+    // Without a size whose parameters the trace shows, copies are read from the counts alone only in a state-only
+    // dump or a trace that shows the job training: an inference trace's blocks kept from before it began are the
+    // model, whose per-layer counts divide by 3 or 4 as readily as copies do.
     // Where this moment shows no copies, the parameters' bytes another moment showed do: what is kept from before
     // recording, divided by them, is the copies kept now (a gradient set to None since is not among them).
     let evidenced = evidenced.or_else(|| {
         parameters_elsewhere.filter(|&p| p > 0).map(|p| ((all_bytes as f64 / p as f64).round() as u64).clamp(1, 4))
     });
-    let roles = evidenced.unwrap_or_else(|| if state_only { copies_from_counts(&by_size) } else { 1 });
+    let roles = evidenced.unwrap_or_else(|| if counts_say_copies { copies_from_counts(&by_size) } else { 1 });
     // A state-only dump has no lifetimes: without sizes that repeat as a parameter's copies do, nothing is known.
     if state_only && evidenced.is_none() && roles == 1 {
         return None;

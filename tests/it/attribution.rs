@@ -260,3 +260,19 @@ fn a_lone_block_from_before_recording_in_a_layered_model_is_not_guessed() {
     assert_eq!(mib(&linear, "unknown"), 0, "{linear:?}");
     assert!(mib(&linear, "parameter") >= 1908, "{linear:?}");
 }
+
+#[test]
+fn a_training_trace_reads_copies_from_the_counts_where_nothing_else_shows_them() {
+    // The Trainer at batch 8 recorded from halfway through its first step: the parameters and AdamW's two moments
+    // all predate the cut, and the trace ends inside the second step's backward, before any optimizer step. Each
+    // size's count divides by three, and the trace shows the job training (the autograd engine's allocations): a
+    // parameter and two moments each, 916 MiB of optimizer state and 458 MiB of weights, as the full file says.
+    let cats = degraded("trainer-batch-8-late0.5.pickle.xz");
+    assert!(mib(&cats, "optimizer_state").abs_diff(916) < 40, "{cats:?}");
+    assert!(mib(&cats, "parameter").abs_diff(458) < 40, "{cats:?}");
+    // An inference trace shows no backward: its model's per-layer counts divide by three or four as readily, and
+    // the blocks from before it are its weights (the full file says 9.5 GiB of parameters).
+    let infer = degraded("rr-infer-late0.5.pickle.xz");
+    assert_eq!(mib(&infer, "optimizer_state") + mib(&infer, "gradient"), 0, "{infer:?}");
+    assert!(mib(&infer, "parameter") >= 9700, "{infer:?}");
+}
