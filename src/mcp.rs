@@ -26,7 +26,8 @@ const INSTRUCTIONS: &str = "oomdoc tells why a PyTorch GPU job ran out of memory
 for what the failed job left: the memory snapshot(s) (oom-<rank>.pickle from oomdoc.record(), or \
 torch.cuda.memory._dump_snapshot), the training or server log with the OOM message, nvidia-smi output; any mix, \
 files, folders or archives. Call `analyze` on them first: lead with devices[].verdict.summary, then the causes \
-ranked by the bytes they explain, the proven what-ifs (devices[].verdict.proven) and each finding's fix. With no \
+ranked by the bytes they explain, the proven what-ifs (devices[].verdict.proven; a line \"not proven for the run\" \
+is not a proof) and each finding's fix. With no \
 artifact at all, tell the user to add `import oomdoc; oomdoc.record()` at the top of the training script and run \
 it again. `diff` compares two runs (before and after a change); `explain` says what a rule checks; `list_inputs` \
 says what each file of a folder is read as.";

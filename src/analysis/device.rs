@@ -110,11 +110,7 @@ pub(super) fn analyze_device<'t>(
     }
     report.holder = verdict::holder(tl, &report, &state, &attribution);
     report.whatif = super::whatif::at_oom(tl, dev, &replay, &report, &report.facts, &mut cache, opts);
-    if super::whatif::ends_inside_first_pass(dev, &event_facts) {
-        for w in &mut report.whatif {
-            w.recorded_part_only = true;
-        }
-    }
+    super::whatif::mark_recorded_part_only(idx.map(|i| i as usize), &event_facts, &mut report.whatif);
     report.pinning = report.oom.as_ref().and_then(|o| super::fragments::pinning(tl, dev, &replay, &state, o));
     if let (Some(p), Some(map)) = (&report.pinning, report.segment_map.as_mut()) {
         chart::mark_pinning(map, &state, &p.addresses);

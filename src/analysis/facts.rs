@@ -173,9 +173,8 @@ pub struct EventFacts {
     kinds: Vec<u8>,
     /// The passes of the program's loop, where found (see `analysis::iterations`).
     pub iterations: Option<Iterations>,
-    /// The last event of each optimizer step the program went on from (one still running at the trace's end is not
-    /// among them).
-    closed_steps: Vec<usize>,
+    /// For each optimizer step the program went on from, the allocation that followed it (the next pass begun).
+    steps_closed_at: Vec<usize>,
     last_compile: Option<usize>,
     facts: Facts,
 }
@@ -231,12 +230,12 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
         "NCCL / c10d frames appear in the file",
     );
     let mut iterations = None;
-    let mut closed_steps = Vec::new();
+    let mut steps_closed_at = Vec::new();
     let last_compile = last_compile_event(tl, dev, &kinds);
     if !events.is_empty() {
         segment_facts(&mut f, events);
-        let (steps, open) = optimizer_steps(events, &kinds);
-        closed_steps = steps[..steps.len() - usize::from(open)].to_vec();
+        let (steps, closed_at) = optimizer_steps(events, &kinds);
+        steps_closed_at = closed_at;
         f.num(
             "optimizer.steps",
             steps.len() as f64,
@@ -255,16 +254,16 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
             );
         }
     }
-    EventFacts { kinds, iterations, closed_steps, last_compile, facts: f }
+    EventFacts { kinds, iterations, steps_closed_at, last_compile, facts: f }
 }
 
 impl EventFacts {
     /// Whether the trace recorded a whole pass of the program's loop before event `at`: an optimizer step the
-    /// program went on from, or an iteration's end. Where it did not (the OOM struck in the first pass the trace
-    /// holds), what that pass does after `at` — the rest of the forward, the loss, the backward, the optimizer step —
-    /// is nowhere in the file, and a replay that fits up to `at` proves nothing about it.
+    /// program went on from before `at`, or an iteration's end. Where it did not (the OOM struck in the first pass
+    /// the trace holds), what that pass does after `at` — the rest of the forward, the loss, the backward, the
+    /// optimizer step — is nowhere in the file, and a replay that fits up to `at` proves nothing about it.
     pub fn whole_pass_before(&self, at: usize) -> bool {
-        self.closed_steps.iter().any(|&e| e < at)
+        self.steps_closed_at.iter().any(|&e| e < at)
             || self.iterations.as_ref().is_some_and(|it| it.ends.iter().any(|&e| e < at))
     }
 }
@@ -562,10 +561,10 @@ fn segment_facts(f: &mut Facts, events: &[crate::timeline::Event]) {
 }
 
 /// Ends of optimizer steps: the last event of each run of allocations made under `torch.optim` (or another
-/// optimizer's `step`), the natural boundary between training iterations.
-/// The last event of each optimizer step, and whether the last step was still running at the trace's end.
-fn optimizer_steps(events: &[crate::timeline::Event], kinds: &[u8]) -> (Vec<usize>, bool) {
-    let mut ends = Vec::new();
+/// optimizer's `step`), the natural boundary between training iterations; and for each step the program went on
+/// from, the allocation that ended it (a step still running at the trace's end has none).
+fn optimizer_steps(events: &[crate::timeline::Event], kinds: &[u8]) -> (Vec<usize>, Vec<usize>) {
+    let (mut ends, mut closed_at) = (Vec::new(), Vec::new());
     let mut in_step = false;
     let mut last = 0;
     let optimizer = kind_index("optimizer_state");
@@ -579,13 +578,14 @@ fn optimizer_steps(events: &[crate::timeline::Event], kinds: &[u8]) -> (Vec<usiz
             last = i;
         } else if in_step {
             ends.push(last);
+            closed_at.push(i);
             in_step = false;
         }
     }
     if in_step {
         ends.push(last);
     }
-    (ends, in_step)
+    (ends, closed_at)
 }
 
 fn iteration_peaks(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
@@ -1105,5 +1105,41 @@ fn compile_facts(f: &mut Facts, cx: &Ctx, last_compile: Option<usize>) {
     }
     if let Some(i) = cx.report.oom.as_ref().and_then(|o| o.event_index) {
         f.flag("compile.oom", i as usize <= last_compile, "the OOM happened while compiling");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timeline::Event;
+
+    fn facts_of(plan: &[(Action, u8)]) -> EventFacts {
+        let (events, kinds): (Vec<Event>, Vec<u8>) = plan.iter().map(|&(a, k)| (Event::new(a, 0, 512), k)).unzip();
+        let (_, steps_closed_at) = optimizer_steps(&events, &kinds);
+        EventFacts { kinds, iterations: None, steps_closed_at, last_compile: None, facts: Facts::default() }
+    }
+
+    #[test]
+    fn a_step_counts_as_a_whole_pass_only_if_the_program_went_on_from_it_before_the_oom() {
+        let (opt, act) = (kind_index("optimizer_state"), kind_index("activation"));
+        // The OOM (event 3) strikes in the first optimizer step; an `except` handler allocates after it.
+        let first = facts_of(&[
+            (Action::Alloc, act),
+            (Action::Alloc, opt),
+            (Action::Alloc, opt),
+            (Action::Oom, NONE),
+            (Action::Alloc, act),
+        ]);
+        assert!(!first.whole_pass_before(3));
+        // A step, the next forward, then the OOM (event 4): one whole pass before it.
+        let second = facts_of(&[
+            (Action::Alloc, act),
+            (Action::Alloc, opt),
+            (Action::Alloc, act),
+            (Action::Alloc, act),
+            (Action::Oom, NONE),
+        ]);
+        assert!(second.whole_pass_before(4));
+        assert!(!second.whole_pass_before(2), "the step ended at event 2, by the allocation there");
     }
 }

@@ -490,13 +490,12 @@ fn proofs(d: &DeviceReport, primary: Option<&Finding>) -> (Vec<String>, Option<S
     // A change that fits, said as a proof where the trace holds a whole pass of the loop before the OOM; where it
     // ends inside the first one, only the recorded part is proven (refutations stand either way: what does not fit
     // the part recorded cannot fit the whole).
-    let partial = d.whatif.iter().any(|w| w.recorded_part_only);
     let proven = |change: String, w: &super::whatif::WhatIf, avoided: &str| {
-        if partial {
+        if w.recorded_part_only {
             format!(
-                "avoids this OOM, not proven for the run{approx}: with {change} the part recorded fits ({}); the \
-                 trace ends inside the run's first pass, and what the run does after the failing request was never \
-                 recorded",
+                "avoids this OOM{approx}, not proven for the run: with {change} the part recorded fits ({}); the \
+                 trace ends inside the first pass of the loop it holds, and what the run does after the failing \
+                 request was never recorded",
                 outcome(w)
             )
         } else {
@@ -522,7 +521,7 @@ fn proofs(d: &DeviceReport, primary: Option<&Finding>) -> (Vec<String>, Option<S
     let grows = matches!(rule, Some("leaked-references" | "unbounded-kv-growth" | "growing-buffer"));
     if grows {
         if let Some(w) = find(&|k| k == Knob::NoLeak).filter(|w| fits(w)) {
-            lines.push(if partial {
+            lines.push(if w.recorded_part_only {
                 proven("the allocations that accumulate left out".into(), w, "")
             } else {
                 format!(
@@ -593,18 +592,16 @@ fn proofs(d: &DeviceReport, primary: Option<&Finding>) -> (Vec<String>, Option<S
                 lines.push(proven(s.change.clone(), s, ""));
             }
             if rule == Some("fragmentation") {
-                fix = Some(match alt {
-                    Some(s) if partial => format!(
-                        "Set PYTORCH_CUDA_ALLOC_CONF={}: replayed on this trace the part recorded fits with it ({}), \
-                         which expandable segments do not ({}); the trace ends inside the run's first pass, so the \
-                         rest of that pass is unproven.",
-                        s.change,
-                        outcome(s),
-                        outcome(w)
-                    ),
+                // The backend's own variable (PYTORCH_HIP_ALLOC_CONF on ROCm, …).
+                let var = match d.facts.get("alloc_conf_var").map(|f| &f.value) {
+                    Some(super::facts::Val::Str(v)) if !v.is_empty() => v.as_str(),
+                    _ => "PYTORCH_CUDA_ALLOC_CONF",
+                };
+                // Where only the part recorded is shown to fit, the rule's own fix stands beside the lines above.
+                fix = alt.filter(|s| s.recorded_part_only).is_none().then(|| match alt {
                     Some(s) => format!(
-                        "Set PYTORCH_CUDA_ALLOC_CONF={}: replayed on this trace it avoids the OOM ({}). Expandable \
-                         segments do not: replayed with them, {}.",
+                        "Set {var}={}: replayed on this trace it avoids the OOM ({}). Expandable segments do not: \
+                         replayed with them, {}.",
                         s.change,
                         outcome(s),
                         outcome(w)

@@ -207,8 +207,8 @@ pub struct WhatIf {
     /// Undecided: it fits only if the process could hold more than this (the cap is not in the files).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub undecided_above: Option<u64>,
-    /// The trace ends at an OOM inside the first pass of the program's loop it holds: `fits` says only that the
-    /// part it recorded fits; what that pass does after the failing request was never recorded.
+    /// It fits, but the trace ends at an OOM inside the first pass of the program's loop it holds: only the part
+    /// recorded is shown to fit; what that pass does after the failing request was never recorded.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub recorded_part_only: bool,
     /// Which remedy it tries, for the verdict's wording (the automatic ones).
@@ -462,19 +462,25 @@ pub const RECORDED_PART_ONLY: &str = "the trace ends at the OOM inside the first
      holds: a change that fits proves only the part recorded, not what the run does after the failing request (the \
      rest of that pass), which was never recorded";
 
-/// Whether the trace ends at an OOM before it recorded a whole pass of the program's loop: no optimizer step the
-/// program went on from, no iteration's end, and nothing the failing line allocated before was freed before it
-/// (a line that had made and freed memory before had been passed, and what it makes consumed, in an earlier pass:
-/// a decode step's scores, a step's saved activations freed by its backward).
-pub fn ends_inside_first_pass(dev: &DeviceTimeline, events: &super::facts::EventFacts) -> bool {
-    let Some(oom) = dev.events.iter().rposition(|e| e.action == Action::Oom) else { return false };
-    if events.whole_pass_before(oom) {
-        return false;
+/// The event a trace's OOM is at: its last `oom` entry, or the end of a trace whose last request the allocator
+/// rejected under its fraction cap (no `oom` entry; the log says it). `None`: the trace did not end in an OOM.
+pub fn oom_event(tl: &Timeline, dev: &DeviceTimeline) -> Option<usize> {
+    dev.events.iter().rposition(|e| e.action == Action::Oom).or_else(|| {
+        let rejected = super::observed::last_oom_message(tl, dev.device)
+            .is_some_and(|m| m.limit == Some(crate::timeline::OomLimit::FractionRejected));
+        (rejected && !dev.events.is_empty()).then(|| dev.events.len() - 1)
+    })
+}
+
+/// Marks the changes that fit where the trace ends at an OOM (event `oom`) before it recorded a whole pass of the
+/// program's loop (see [`super::facts::EventFacts::whole_pass_before`]): fitting proves only the part recorded.
+/// Says whether it did.
+pub fn mark_recorded_part_only(oom: Option<usize>, events: &super::facts::EventFacts, whatif: &mut [WhatIf]) -> bool {
+    let partial = oom.is_some_and(|at| !events.whole_pass_before(at));
+    for w in whatif.iter_mut().filter(|w| w.fits == Some(true)) {
+        w.recorded_part_only = partial;
     }
-    let line = dev.events[oom].stack;
-    let freed_before = line != crate::timeline::stacks::EMPTY_STACK
-        && dev.events[..oom].iter().any(|e| e.stack == line && e.action == Action::FreeCompleted);
-    !freed_before
+    partial && whatif.iter().any(|w| w.recorded_part_only)
 }
 
 /// Whether a frame pattern (`file:line`, `file`, or a function name) names one of the stack's frames.
@@ -598,13 +604,9 @@ pub fn run_device(
         }
     }
     let mut cache = super::categories::CategoryCache::new(cats, tl);
-    let partial = ends_inside_first_pass(dev, &super::facts::event_facts(tl, dev, &mut cache));
-    for w in &mut whatif {
-        w.recorded_part_only = partial;
-    }
-    // Said where it matters: a change that fits.
+    let events = super::facts::event_facts(tl, dev, &mut cache);
     let recorded_part_only =
-        (partial && whatif.iter().any(|w| w.fits == Some(true))).then(|| RECORDED_PART_ONLY.to_string());
+        mark_recorded_part_only(oom_event(tl, dev), &events, &mut whatif).then(|| RECORDED_PART_ONLY.to_string());
     Ok(DeviceWhatIfs { device: dev.device, capacity: cap, recorded, whatif, approximate, recorded_part_only })
 }
 

@@ -225,7 +225,8 @@ fn the_verdict_proves_expandable_segments_on_the_real_fragmentation_oom() {
 }
 
 /// The real runs of one Trainer OOM at other batches and settings (`fixtures/real-gpu/frameworks/trainer-batch-*`),
-/// each the change a verdict proved: `(capture, change, the run that made it, whether that run finished)`.
+/// each the change a verdict proved: `(capture, change, the run that made it, whether that run finished)`. Batch 12's
+/// ×0.75 is batch 9, which was not run: batch 8 ran out, so batch 9 would (memory grows with the batch).
 const TRAINER_PAIRS: &[(&str, &str, &str, bool)] = &[
     ("trainer-batch-too-large", "activations ×0.75", "trainer-batch-12", false),
     ("trainer-batch-12", "expandable_segments:True", "trainer-batch-12-expandable", false),
