@@ -205,7 +205,12 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
     // In a trace with no backward pass, a stack inside the model grown by concatenation is a KV cache, whatever its
     // frames are called (a cache class the user wrote): every later pass and the report count it as one.
     let (kv, activation) = (kind_index("kv_cache"), kind_index("activation"));
-    if !events.is_empty() && !kinds.contains(&kind_index("gradient")) {
+    // The backward shows by the engine's frames, or, under stacks="python", by allocations without a frame where
+    // others have them (the engine's thread has no Python).
+    let framed = events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
+    let backward = kinds.contains(&kind_index("gradient"))
+        || framed && events.iter().any(|e| e.action == Action::Alloc && e.stack == EMPTY_STACK);
+    if !events.is_empty() && !backward {
         let last = events.iter().rposition(|e| e.action == Action::Oom).unwrap_or(events.len() - 1);
         let grown = grown_by_concatenation(events, last, &|i| kinds[i] == activation);
         for (k, e) in kinds.iter_mut().zip(events) {
