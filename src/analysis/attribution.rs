@@ -217,17 +217,13 @@ impl TraceEvidence {
         TraceEvidence { stacks, by_size: None, parameters_at_end: None, backward: None }
     }
 
-    /// Whether the job trains: the trace holds an allocation the autograd engine made (by its frames, or with no
-    /// frame where others have them: its thread has no Python). Only a job that trains keeps copies of its
+    /// Whether the job trains (see [`super::facts::shows_backward`]). Only a job that trains keeps copies of its
     /// parameters (gradients, optimizer moments); an inference trace's blocks from before it are the model.
     fn shows_backward(&mut self, dev: &DeviceTimeline, cats: &mut CategoryCache) -> bool {
-        let stacks = self.stacks;
-        *self.backward.get_or_insert_with(|| {
-            dev.events.iter().any(|e| {
-                e.action == Action::Alloc
-                    && if e.stack == EMPTY_STACK { stacks } else { cats.of(e.stack) == "gradient" }
-            })
-        })
+        let events = &dev.events;
+        *self
+            .backward
+            .get_or_insert_with(|| super::facts::shows_backward(events, |i| cats.of(events[i].stack) == "gradient"))
     }
 
     fn by_size(

@@ -7,7 +7,7 @@ use rustc_hash::FxHashMap;
 use super::*;
 use crate::timeline::replay::{Replay, State};
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
-use crate::timeline::{Action, BlockState, DeviceTimeline, OomLimit, PoolKind, Timeline};
+use crate::timeline::{Action, BlockState, DeviceTimeline, PoolKind, Timeline};
 use crate::units::{bytes, duration_us};
 
 pub(super) fn analyze_device<'t>(
@@ -31,9 +31,7 @@ pub(super) fn analyze_device<'t>(
     let mut past_end = None;
     // A request the allocator rejected under its fraction cap leaves no `oom` entry: the log says it, and the
     // snapshot (written from the exception) ends there.
-    let rejected = last_oom.is_none()
-        && !events.is_empty()
-        && observed::last_oom_message(tl, dev.device).is_some_and(|m| m.limit == Some(OomLimit::FractionRejected));
+    let rejected = last_oom.is_none() && super::whatif::oom_event(tl, dev).is_some();
     let (moment, idx): (Moment, Option<u32>) = match &opts.at {
         At::Auto => match last_oom {
             Some(i) => (Moment::Oom, Some(i)),

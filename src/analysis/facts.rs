@@ -205,12 +205,8 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
     // In a trace with no backward pass, a stack inside the model grown by concatenation is a KV cache, whatever its
     // frames are called (a cache class the user wrote): every later pass and the report count it as one.
     let (kv, activation) = (kind_index("kv_cache"), kind_index("activation"));
-    // The backward shows by the engine's frames, or, under stacks="python", by allocations without a frame where
-    // others have them (the engine's thread has no Python).
-    let framed = events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
-    let backward = kinds.contains(&kind_index("gradient"))
-        || framed && events.iter().any(|e| e.action == Action::Alloc && e.stack == EMPTY_STACK);
-    if !events.is_empty() && !backward {
+    let gradient = kind_index("gradient");
+    if !events.is_empty() && !shows_backward(events, |i| kinds[i] == gradient) {
         let last = events.iter().rposition(|e| e.action == Action::Oom).unwrap_or(events.len() - 1);
         let grown = grown_by_concatenation(events, last, &|i| kinds[i] == activation);
         for (k, e) in kinds.iter_mut().zip(events) {
@@ -260,6 +256,17 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
         }
     }
     EventFacts { kinds, iterations, steps_closed_at, last_compile, facts: f }
+}
+
+/// Whether a trace shows a backward pass: an allocation the autograd engine made, by its frames (`gradient(i)` for
+/// the event at `i`), or with no frame where others have them (under stacks="python" the engine's thread has no
+/// Python). Only a job that trains has one.
+pub(crate) fn shows_backward(events: &[crate::timeline::Event], mut gradient: impl FnMut(usize) -> bool) -> bool {
+    let framed = events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
+    events
+        .iter()
+        .enumerate()
+        .any(|(i, e)| e.action == Action::Alloc && if e.stack == EMPTY_STACK { framed } else { gradient(i) })
 }
 
 impl EventFacts {
