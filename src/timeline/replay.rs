@@ -310,21 +310,6 @@ impl State {
         starts
     }
 
-    /// A copy without the undo's index (a state to replay forward from).
-    fn without_index(&self) -> State {
-        State {
-            segments: self.segments.clone(),
-            blocks: self.blocks.clone(),
-            starts: None,
-            undoing: false,
-            walks: 0,
-            walked: 0,
-            allocated: self.allocated,
-            active: self.active,
-            reserved: self.reserved,
-        }
-    }
-
     /// Undoing a trace (`on`) or done: while undoing, [`State::block_holding`] may build the index of block starts.
     fn undoing(&mut self, on: bool) {
         self.undoing = on;
@@ -359,50 +344,6 @@ impl State {
 
     pub fn block_count(&self) -> usize {
         self.blocks.len()
-    }
-
-    /// Whether the allocator is laid out the same in both: the segments, the blocks (size, state, neighbours) and
-    /// the totals. What a replay does next depends on nothing else; the blocks' stacks, allocating events and
-    /// requested sizes only describe them.
-    fn same_layout(&self, other: &State) -> bool {
-        (self.allocated, self.active, self.reserved) == (other.allocated, other.active, other.reserved)
-            && self.segments == other.segments
-            && self.blocks.len() == other.blocks.len()
-            && self.blocks.iter().all(|(a, b)| {
-                other.blocks.get(a).is_some_and(|o| {
-                    (b.size, b.state, b.segment, b.prev, b.next) == (o.size, o.state, o.segment, o.prev, o.next)
-                })
-            })
-    }
-
-    /// For a state replayed from the state the undo passed through at a cut, whose blocks in use do not say who
-    /// allocated them, takes from `truth` (the forward replay's state at the cut, laid out the same) what describes
-    /// each block in use since before the cut. Those are the blocks in use that no allocation since has given an
-    /// event: an allocation always does, and a block in use keeps its address (only free blocks split and merge), so
-    /// the block at the same address in `truth` is the same allocation. Free blocks are left as they are; nothing
-    /// reads what describes them.
-    fn describe_from(&mut self, truth: &State) {
-        debug_assert!(self.describable_from(truth));
-        for (a, b) in self.blocks.iter_mut() {
-            if b.state == BlockState::Inactive || b.alloc_event.is_some() {
-                continue;
-            }
-            if let Some(t) = truth.blocks.get(a).filter(|t| t.state != BlockState::Inactive) {
-                b.stack = t.stack;
-                b.alloc_event = t.alloc_event;
-                b.requested = t.requested;
-            }
-        }
-    }
-
-    /// Whether [`State::describe_from`] can describe every block in use since before the cut: each is still where
-    /// it was. Only an unmap that cut through a block in use (an anomaly) moves part of one.
-    fn describable_from(&self, truth: &State) -> bool {
-        self.blocks.iter().all(|(a, b)| {
-            b.state == BlockState::Inactive
-                || b.alloc_event.is_some()
-                || truth.blocks.get(a).is_some_and(|t| t.state != BlockState::Inactive)
-        })
     }
 
     /// Applies one event going forward in time.
@@ -906,16 +847,6 @@ impl StepSeries {
         self.len == 0
     }
 
-    /// The series `later` continues this one with.
-    fn append(&mut self, later: StepSeries) {
-        for (i, v) in later.changes {
-            if self.changes.last().is_none_or(|c| c.1 != v) {
-                self.changes.push((self.len as u32 + i, v));
-            }
-        }
-        self.len += later.len;
-    }
-
     /// The value right after event `i`.
     pub fn get(&self, i: usize) -> Option<u64> {
         if i >= self.len {
@@ -1011,29 +942,6 @@ impl Pass {
         true
     }
 
-    /// Continues this pass, which ended just before the first event of `later`, with `later`, a pass over the
-    /// rest that started from a state laid out as this one's end, whose blocks in use lack their descriptions (see
-    /// [`State::describe_from`]). The peaks are the first highest values of the two together.
-    fn continue_with(mut self, later: Pass) -> Pass {
-        if later.peak_allocated.0 > self.peak_allocated.0 {
-            self.peak_allocated = later.peak_allocated;
-        }
-        if later.peak_reserved.0 > self.peak_reserved.0 {
-            self.peak_reserved = later.peak_reserved;
-        }
-        for mut c in later.checkpoints {
-            c.describe_from(&self.end);
-            self.checkpoints.push(c);
-        }
-        let mut end = later.end;
-        end.describe_from(&self.end);
-        self.end = end;
-        self.anomalies.extend(later.anomalies);
-        self.allocated_series.extend(later.allocated_series);
-        self.reserved_series.append(later.reserved_series);
-        self
-    }
-
     fn finish(mut self) -> Pass {
         if self.checkpoints.is_empty() {
             self.checkpoints.push(self.end.clone());
@@ -1055,97 +963,31 @@ fn forward_from_empty(dev: &DeviceTimeline, rules: &Rules) -> Option<Pass> {
     pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, true).then(|| pass.finish())
 }
 
-/// A trace at least this long that must be undone to find its start is replayed forward on two cores.
-const TWO_CORES_FROM: usize = 1 << 16;
-
-/// Where a long trace's forward pass is cut in two: the later part starts on another core once the undo has come
-/// back that far, so it is the larger; a third, the rest, is replayed after the undo ends.
-fn forward_cut(events: usize) -> Option<usize> {
-    (events >= TWO_CORES_FROM).then_some(events / 3)
-}
-
-/// What [`undo_splitting`] leaves: the state before the first event, the undo's anomalies, and the forward pass over
-/// the events from the cut on, running on another core from the state the undo found there.
-struct Undone<'s> {
-    start: State,
-    anomalies: Vec<Anomaly>,
-    later: Option<(usize, State, std::thread::ScopedJoinHandle<'s, Pass>)>,
-}
-
 /// The state before the first event, rebuilt by undoing the trace from the file's final state, and the events that
-/// could not be undone; with `cut`, the forward pass over `events[cut..]` starts on another core as soon as the undo
-/// has passed `cut`. Which of the two forward passes ends up used is [`Undone::forward`]'s choice.
-fn undo_splitting<'s, 'e: 's>(
-    s: &'s std::thread::Scope<'s, 'e>,
-    dev: &'e DeviceTimeline,
-    rules: &'e Rules,
-    cut: Option<usize>,
-) -> Undone<'s> {
-    let n = dev.events.len();
-    let m = cut.filter(|&m| m > 0 && m < n).unwrap_or(0);
+/// could not be undone.
+fn undo(dev: &DeviceTimeline, rules: &Rules) -> (State, Vec<Anomaly>) {
     let mut st = State::from_segments(&dev.segments);
     st.undoing(true);
     let mut anomalies = Vec::new();
-    let undo = |st: &mut State, range: std::ops::Range<usize>, anomalies: &mut Vec<Anomaly>| {
-        for i in range.rev() {
-            if let Err(what) = st.unapply(&dev.events[i], rules, &dev.event_attrs) {
-                anomalies.push(Anomaly { event: i as u32, what });
-            }
+    for (i, e) in dev.events.iter().enumerate().rev() {
+        if let Err(what) = st.unapply(e, rules, &dev.event_attrs) {
+            anomalies.push(Anomaly { event: i as u32, what });
         }
-    };
-    undo(&mut st, m..n, &mut anomalies);
-    // The state the later part starts from keeps no index: it is replayed forward.
-    let later = (m > 0).then(|| st.without_index()).and_then(|at_cut| {
-        let from = at_cut.clone();
-        let pass = std::thread::Builder::new().spawn_scoped(s, move || {
-            let mut p = Pass::new(from, n - m);
-            p.run(&dev.events, (m, n), rules, &dev.event_attrs, false);
-            p
-        });
-        Some((m, at_cut, pass.ok()?))
-    });
-    undo(&mut st, 0..m, &mut anomalies);
+    }
     st.undoing(false);
     anomalies.reverse();
-    Undone { start: st, anomalies, later }
+    (st, anomalies)
 }
 
-impl Undone<'_> {
-    /// The forward pass from the rebuilt start, with the undo's anomalies first. The part before the cut is replayed
-    /// here; if it ends laid out as the state the later part started from, what happens next is the same from
-    /// either, so the later part's pass continues it (its blocks in use since before the cut take their
-    /// descriptions from this pass); otherwise this pass goes on by itself.
-    fn forward(self, dev: &DeviceTimeline, rules: &Rules) -> Pass {
-        let n = dev.events.len();
-        let mut pass = Pass::new(self.start, n);
-        let pass = match self.later {
-            Some((m, cut, later)) => {
-                pass.run(&dev.events, (0, m), rules, &dev.event_attrs, false);
-                let later = later.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-                let describable =
-                    || later.checkpoints.iter().chain([&later.end]).all(|st| st.describable_from(&pass.end));
-                if pass.end.same_layout(&cut) && describable() {
-                    pass.continue_with(later)
-                } else {
-                    pass.run(&dev.events, (m, n), rules, &dev.event_attrs, false);
-                    pass
-                }
-            }
-            None => {
-                pass.run(&dev.events, (0, n), rules, &dev.event_attrs, false);
-                pass
-            }
-        };
-        let mut pass = pass.finish();
-        pass.anomalies.splice(0..0, self.anomalies);
-        pass
-    }
+/// The forward pass from the state [`undo`] rebuilt, with the undo's anomalies first.
+fn forward_from(dev: &DeviceTimeline, start: State, undone: Vec<Anomaly>, rules: &Rules) -> Pass {
+    let mut pass = forward(dev, start, rules);
+    pass.anomalies.splice(0..0, undone);
+    pass
 }
 
-/// What a pass says that anything reads: the layout and the blocks in use with what describes them, at every
-/// checkpoint and at the end, the anomalies, the series and the peaks. (Free blocks' descriptions are read by
-/// nothing, and a map's order is not part of a state.)
-/// A state as [`seen`] compares it.
+/// A state as the tests compare it: the layout, and what describes each block in use (free blocks' descriptions are
+/// read by nothing, and a map's order is not part of a state).
 fn state_seen(st: &State) -> String {
     let mut segs: Vec<_> = st.segments.values().map(|s| format!("{s:?}")).collect();
     segs.sort();
@@ -1161,47 +1003,7 @@ fn state_seen(st: &State) -> String {
     format!("{} {} {} {segs:?} {blocks:?}", st.allocated, st.active, st.reserved)
 }
 
-fn seen(p: &Pass) -> String {
-    let state = state_seen;
-    let anomalies: Vec<_> = p.anomalies.iter().map(|a| (a.event, a.what)).collect();
-    format!(
-        "{:?}\n{}\n{anomalies:?}\n{:?} {:?}\n{:?}\n{:?} {}",
-        p.checkpoints.iter().map(state).collect::<Vec<_>>(),
-        state(&p.end),
-        p.peak_allocated,
-        p.peak_reserved,
-        p.allocated_series,
-        p.reserved_series.changes,
-        p.reserved_series.len
-    )
-}
-
-/// For the tests (`tests/it/replay_cut.rs`): replays a trace that must be undone to find its start (`None` if it
-/// need not be) forward in one pass and cut in two at `cut`, and says whether the two say the same (see
-/// [`seen`]) and whether the later part was joined rather than replayed again.
-#[doc(hidden)]
-pub fn forward_cut_agrees(
-    dev: &DeviceTimeline,
-    settings: Option<&AllocatorSettings>,
-    cut: usize,
-) -> Option<(bool, bool)> {
-    if dev.events.is_empty() || completeness(dev).complete() {
-        return None;
-    }
-    let rules = Rules::new(settings, dev);
-    let n = dev.events.len();
-    let one = std::thread::scope(|s| undo_splitting(s, dev, &rules, None).forward(dev, &rules));
-    let (two, joined) = std::thread::scope(|s| {
-        let undone = undo_splitting(s, dev, &rules, Some(cut));
-        let mut first = Pass::new(undone.start.clone(), n);
-        first.run(&dev.events, (0, cut.min(n)), &rules, &dev.event_attrs, false);
-        let joined = undone.later.as_ref().is_some_and(|(_, at_cut, _)| first.end.same_layout(at_cut));
-        (undone.forward(dev, &rules), joined)
-    });
-    Some((seen(&one) == seen(&two), joined))
-}
-
-/// For the tests (`tests/it/replay_cut.rs`): undoes the whole trace finding each free's block by the index of block
+/// For the tests (`tests/it/replay_undo.rs`): undoes the whole trace finding each free's block by the index of block
 /// starts from the first event, and again by walking the segments' chains only, and says whether the two rebuilt the
 /// same state with the same anomalies (`None`: no trace).
 #[doc(hidden)]
@@ -1241,8 +1043,8 @@ impl<'t> Replay<'t> {
                     if completeness.complete() {
                         return Replay::of(dev, rules, completeness, pass, Some(mismatch));
                     }
-                    let cut = forward_cut(dev.events.len());
-                    (std::thread::scope(|s| undo_splitting(s, dev, &rules, cut).forward(dev, &rules)), completeness)
+                    let (start, undone) = undo(dev, &rules);
+                    (forward_from(dev, start, undone, &rules), completeness)
                 }
             },
             // Mostly a trace that starts mid-way (its ring buffer wrapped): its start is rebuilt by undoing it from
@@ -1251,14 +1053,14 @@ impl<'t> Replay<'t> {
                 let rules = &rules;
                 std::thread::scope(|s| {
                     let counting = crate::threads::beside(s, || self::completeness(dev));
-                    let undone = undo_splitting(s, dev, rules, forward_cut(dev.events.len()));
+                    let (start, undone) = undo(dev, rules);
                     let completeness = counting();
                     if completeness.complete() {
                         // A whole history with events the allocator could not have done: replay it all from empty,
                         // anomalies and all.
                         (forward(dev, State::default(), rules), completeness)
                     } else {
-                        (undone.forward(dev, rules), completeness)
+                        (forward_from(dev, start, undone, rules), completeness)
                     }
                 })
             }

@@ -35,7 +35,7 @@ mod real_findings;
 mod real_gpu;
 mod real_snapshots;
 mod record_layouts;
-mod replay_cut;
+mod replay_undo;
 mod report_wording;
 mod scenarios;
 mod simulator;
