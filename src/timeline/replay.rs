@@ -8,6 +8,8 @@
 //! against the file's segments.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -798,6 +800,29 @@ pub fn completeness(dev: &DeviceTimeline) -> Completeness {
     c
 }
 
+/// A trace's completeness count, taken by whichever of two threads comes to it first: the replay, which needs it
+/// only when the trace does not replay from an empty device (mostly a wrapped one, which it says at once), or the
+/// thread beside it, once its own work is done and if the replay has said it will need the count.
+#[derive(Debug, Default)]
+pub struct SharedCount {
+    wanted: AtomicBool,
+    count: OnceLock<Completeness>,
+}
+
+impl SharedCount {
+    /// Takes the count if the replay has said it needs it.
+    pub fn take_if_wanted(&self, dev: &DeviceTimeline) {
+        if self.wanted.load(Ordering::Relaxed) {
+            self.count.get_or_init(|| completeness(dev));
+        }
+    }
+
+    fn take(&self, dev: &DeviceTimeline) -> Completeness {
+        self.wanted.store(true, Ordering::Relaxed);
+        self.count.get_or_init(|| completeness(dev)).clone()
+    }
+}
+
 /// Checkpoint spacing: `state_at` replays at most this many events from a stored state.
 const CHECKPOINT_EVERY: usize = 1 << 16;
 
@@ -1031,15 +1056,27 @@ pub fn undo_with_index_agrees(dev: &DeviceTimeline, settings: Option<&AllocatorS
 
 impl<'t> Replay<'t> {
     pub fn new(dev: &'t DeviceTimeline, settings: Option<&AllocatorSettings>) -> Replay<'t> {
+        Replay::counted(dev, settings, None)
+    }
+
+    /// As [`Replay::new`], where another thread may take the trace's completeness count (see [`SharedCount`]): a
+    /// wrapped trace's replay then waits for it after its undo rather than count it beside the undo, on a core the
+    /// other thread is using.
+    pub fn counted(
+        dev: &'t DeviceTimeline,
+        settings: Option<&AllocatorSettings>,
+        count: Option<&SharedCount>,
+    ) -> Replay<'t> {
         let rules = Rules::new(settings, dev);
+        let counted = || count.map_or_else(|| self::completeness(dev), |c| c.take(dev));
         // Most traces with a history start from an empty device: try that first, it needs no extra pass.
         let (pass, completeness) = match forward_from_empty(dev, &rules) {
-            Some(pass) if dev.events.is_empty() => (pass, self::completeness(dev)),
+            Some(pass) if dev.events.is_empty() => (pass, counted()),
             // Every event applied; if the end is not the file's, rebuild the start when the trace is not whole.
             Some(pass) => match pass.end.diff(&dev.segments) {
                 None => return Replay::of(dev, rules, Completeness::default(), pass, None),
                 Some(mismatch) => {
-                    let completeness = self::completeness(dev);
+                    let completeness = counted();
                     if completeness.complete() {
                         return Replay::of(dev, rules, completeness, pass, Some(mismatch));
                     }
@@ -1051,18 +1088,25 @@ impl<'t> Replay<'t> {
             // the file's final state, while another core counts what it lacks, which decides between the two.
             None => {
                 let rules = &rules;
-                std::thread::scope(|s| {
-                    let counting = crate::threads::beside(s, || self::completeness(dev));
-                    let (start, undone) = undo(dev, rules);
-                    let completeness = counting();
-                    if completeness.complete() {
-                        // A whole history with events the allocator could not have done: replay it all from empty,
-                        // anomalies and all.
-                        (forward(dev, State::default(), rules), completeness)
-                    } else {
-                        (forward_from(dev, start, undone, rules), completeness)
+                let (start, undone, completeness) = match count {
+                    Some(c) => {
+                        c.wanted.store(true, Ordering::Relaxed);
+                        let (start, undone) = undo(dev, rules);
+                        (start, undone, counted())
                     }
-                })
+                    None => std::thread::scope(|s| {
+                        let counting = crate::threads::beside(s, || self::completeness(dev));
+                        let (start, undone) = undo(dev, rules);
+                        (start, undone, counting())
+                    }),
+                };
+                if completeness.complete() {
+                    // A whole history with events the allocator could not have done: replay it all from empty,
+                    // anomalies and all.
+                    (forward(dev, State::default(), rules), completeness)
+                } else {
+                    (forward_from(dev, start, undone, rules), completeness)
+                }
             }
         };
         let end_mismatch = if dev.events.is_empty() { None } else { pass.end.diff(&dev.segments) };
@@ -1279,6 +1323,28 @@ mod tests {
         assert_eq!(r.end_mismatch, None);
         assert_eq!(r.allocated_series.first(), Some(&(20 << 20)));
         assert_eq!(r.allocated_series.last(), Some(&(16 << 20)));
+    }
+
+    #[test]
+    fn the_completeness_count_is_taken_once_and_only_where_the_replay_needs_it() {
+        let a = 0x1000_0000;
+        let wrapped = device_of(
+            vec![ev(Action::FreeRequested, a, 4 << 20), ev(Action::FreeCompleted, a, 4 << 20)],
+            vec![segment(a, vec![(a, 4 << 20, BlockState::Inactive)])],
+        );
+        let count = SharedCount::default();
+        let r = Replay::counted(&wrapped, None, Some(&count));
+        assert_eq!(count.count.get(), Some(&completeness(&wrapped)));
+        assert_eq!(r.completeness, Replay::new(&wrapped, None).completeness);
+        assert_eq!(r.allocated_series, Replay::new(&wrapped, None).allocated_series);
+        let whole = device_of(
+            vec![ev(Action::SegmentAlloc, a, 20 << 20)],
+            vec![segment(a, vec![(a, 20 << 20, BlockState::Inactive)])],
+        );
+        let count = SharedCount::default();
+        Replay::counted(&whole, None, Some(&count));
+        count.take_if_wanted(&whole);
+        assert_eq!(count.count.get(), None, "a trace replayed from empty needs no count");
     }
 
     #[test]
