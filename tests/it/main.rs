@@ -29,6 +29,7 @@ mod oom_messages;
 mod pickle_variants;
 mod profile_findings;
 mod profilers;
+mod programs;
 mod python_capture;
 mod reader_routes;
 mod real_findings;
