@@ -8,19 +8,13 @@
 //! SNAPSHOT defaults to bench/data/snap-1m-real-wrapped.pickle (`bench/run.sh 1m` writes it). Target (issue 32):
 //! the analysis of a wrapped 1M-event trace ≤ 50 ms.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{median, ms, snapshot_arg};
 use oomdoc::job::{Job, JobOptions};
 use oomdoc::timeline::replay::{self, Replay};
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
-}
 
 fn timed<T>(rounds: usize, mut f: impl FnMut() -> T) -> Duration {
     median(
@@ -37,14 +31,9 @@ fn timed<T>(rounds: usize, mut f: impl FnMut() -> T) -> Duration {
 }
 
 fn main() {
-    let path = std::env::args()
-        .skip(1)
-        .find(|a| !a.starts_with('-'))
-        .unwrap_or_else(|| "bench/data/snap-1m-real-wrapped.pickle".to_string());
-    if !std::path::Path::new(&path).exists() {
-        eprintln!("replay: {path} not found; write it with `bench/run.sh 1m` (or pass a snapshot path)");
+    let Some(path) = snapshot_arg("replay", "bench/data/snap-1m-real-wrapped.pickle") else {
         return;
-    }
+    };
     let job = Job::read(&JobOptions::new([&path])).expect("snapshot loads");
     let tl = &job.timelines[0];
     let dev = tl.devices.iter().max_by_key(|d| d.events.len()).expect("a device");

@@ -7,6 +7,8 @@
 //! `bench/run.sh 1m` writes it). Targets: the first screen within 1.5 s of start (reading, analysis, rules and the
 //! first draw); every cursor move under 50 ms.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use oomdoc::job::{Job, JobOptions};
@@ -16,14 +18,9 @@ use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
 fn main() {
-    let path = std::env::args()
-        .skip(1)
-        .find(|a| !a.starts_with('-'))
-        .unwrap_or_else(|| "bench/data/snap-1m-real.pickle".to_string());
-    if !std::path::Path::new(&path).exists() {
-        eprintln!("tui_cursor: {path} not found; write it with `bench/run.sh 1m` (or pass a snapshot path)");
+    let Some(path) = common::snapshot_arg("tui_cursor", "bench/data/snap-1m-real.pickle") else {
         return;
-    }
+    };
     // The job `oomdoc tui` runs: read, then analyse keeping the replays the app browses.
     let t = Instant::now();
     let mut options = JobOptions::new([&path]);

@@ -7,31 +7,20 @@
 //! `bench/run.sh 1m` writes it). Target: one what-if (workload + simulation) under 0.3 s; the verdict's automatic
 //! what-ifs within the analysis's own time.
 
-use std::time::{Duration, Instant};
+mod common;
 
+use std::time::Instant;
+
+use common::{median, ms, snapshot_arg};
 use oomdoc::analysis::whatif;
 use oomdoc::job::{Job, JobOptions};
 use oomdoc::timeline::replay::Replay;
 use oomdoc::timeline::simulator;
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
-}
-
 fn main() {
-    let path = std::env::args()
-        .skip(1)
-        .find(|a| !a.starts_with('-'))
-        .unwrap_or_else(|| "bench/data/snap-1m-real.pickle".to_string());
-    if !std::path::Path::new(&path).exists() {
-        eprintln!("whatif: {path} not found; write it with `bench/run.sh 1m` (or pass a snapshot path)");
+    let Some(path) = snapshot_arg("whatif", "bench/data/snap-1m-real.pickle") else {
         return;
-    }
+    };
     let job = Job::read(&JobOptions::new([&path])).expect("snapshot loads");
     let tl = &job.timelines[0];
     let dev = tl.devices.iter().max_by_key(|d| d.events.len()).expect("a device");
