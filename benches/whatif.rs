@@ -6,6 +6,9 @@
 //! SNAPSHOT defaults to bench/data/snap-1m-real.pickle (1M trace entries shaped as torch writes them;
 //! `bench/run.sh 1m` writes it). Target: one what-if (workload + simulation) under 0.3 s; the verdict's automatic
 //! what-ifs within the analysis's own time.
+//!
+//! With SIM_ONLY set, it simulates the recorded settings 20 times and says only the best and median: a run for a
+//! profiler.
 
 mod common;
 
@@ -25,6 +28,22 @@ fn main() {
     let tl = &job.timelines[0];
     let dev = tl.devices.iter().max_by_key(|d| d.events.len()).expect("a device");
     let rounds = 7;
+    if std::env::var_os("SIM_ONLY").is_some() {
+        let replay = Replay::new(dev, tl.settings.as_ref());
+        let w = simulator::Workload::from_trace(&replay);
+        let cap = whatif::capacity(tl, dev, &replay, None, None);
+        let base = whatif::recorded_config(tl, &replay, &cap);
+        let mut times: Vec<_> = (0..20)
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(simulator::simulate(&w, base.clone(), false));
+                t.elapsed()
+            })
+            .collect();
+        times.sort();
+        println!("simulation, as recorded: best {} median {}", ms(times[0]), ms(median(times)));
+        return;
+    }
     let analysis = median(
         (0..3)
             .map(|_| {

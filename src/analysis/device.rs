@@ -529,18 +529,27 @@ fn notes(
         ));
     }
     if in_trace.0 > 0 && live_count > 0 {
+        // Where other allocations have frames, the frameless ones are the autograd thread's, told apart by size
+        // (see `attribution`); where none has, nothing in the file tells what they are, and the note says so
+        // rather than claim the backward's inference.
+        let (cause, judged) = if tl.capture.trace_stacks || tl.capture.block_stacks {
+            (
+                ": with stacks=\"python\" the autograd thread's backward records none; stacks=\"all\" records its \
+                 C++ frames",
+                "Those with a parameter's size are taken as its gradients, the rest as activations' gradients and \
+                 temporaries.",
+            )
+        } else {
+            (
+                ": the capture recorded no stacks (context=None); record with context=\"all\"",
+                "With no frame anywhere in the file, nothing tells their kinds apart: they are left unknown.",
+            )
+        };
         notes.push(format!(
-            "{} of {} live allocations ({}) were recorded with no frame{}. Those with a \
-             parameter's size are taken as its gradients, the rest as activations' gradients and temporaries.",
+            "{} of {} live allocations ({}) were recorded with no frame{cause}. {judged}",
             in_trace.0,
             live_count,
             bytes(in_trace.1),
-            if tl.capture.trace_stacks || tl.capture.block_stacks {
-                ": with stacks=\"python\" the autograd thread's backward records none; stacks=\"all\" records its \
-                 C++ frames"
-            } else {
-                ": the capture recorded no stacks (context=None); record with context=\"all\""
-            }
         ));
     }
     if let Some(m) = &replay.end_mismatch {

@@ -190,6 +190,36 @@ fn the_backwards_frameless_allocations_under_stacks_python_are_gradients_by_size
     assert!(!notes.contains("made before recording began"), "{notes}");
 }
 
+#[test]
+fn a_trace_recorded_without_any_stack_says_its_cause_and_claims_no_inference() {
+    // context=None: no frame anywhere. The backward's inference by size needs other allocations with frames, so the
+    // note must not say it was made; the allocations stay unknown.
+    let dir = std::env::temp_dir().join(format!("oomdoc-frameless-{}", std::process::id()));
+    let o = std::process::Command::new("python3")
+        .arg(common::root().join("fixtures/gen_programs.py"))
+        .arg(&dir)
+        .args(["--n", "12", "--seed", "1"])
+        .output()
+        .expect("python3 runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let cases = manifest.as_array().unwrap();
+    // A whole trace: blocks from before a late start are judged by their own principle (lifetime and size).
+    let case = cases
+        .iter()
+        .find(|c| c["stacks"] == "none" && c["outcome"] == "oom" && c["trace"] == "whole")
+        .expect("a frameless OOM, whole");
+    let path = dir.join(case["file"].as_str().unwrap());
+    let v = json(&["analyze", "--format", "json", "--no-progress", path.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).ok();
+    let d = &v["devices"][0];
+    let notes = d["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect::<Vec<_>>().join("\n");
+    assert!(notes.contains("the capture recorded no stacks (context=None); record with context=\"all\""), "{notes}");
+    assert!(notes.contains("they are left unknown"), "{notes}");
+    assert!(!notes.contains("taken as its gradients"), "{notes}");
+    assert!(by_category(d).iter().all(|(c, _)| c == "unknown"), "{:?}", by_category(d));
+}
+
 /// `by_category` at the end of a degraded real file, in MiB.
 fn degraded(name: &str) -> Vec<(String, u64)> {
     let path = format!("fixtures/attribution/degraded/{name}");
