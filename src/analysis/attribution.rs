@@ -52,6 +52,9 @@ pub enum Reason {
     /// Alive since before recording, but the trace was still freeing other blocks of its size made before it when it
     /// ended: transient.
     FreedLikeIt,
+    /// Alive since before recording, the only block of its size in a model built in layers, and the trace allocates
+    /// its size only as this category.
+    LoneSizeOfAnotherKind,
 }
 
 impl Reason {
@@ -69,6 +72,10 @@ impl Reason {
             }
             Reason::FreedLikeIt => {
                 "allocated before recording; the trace was still freeing others of its size: transient"
+            }
+            Reason::LoneSizeOfAnotherKind => {
+                "allocated before recording, alone of its size (a model's weights come in layers); the trace \
+                 allocates its size only as this"
             }
         }
     }
@@ -614,6 +621,15 @@ fn like_the_trace(
                 (Some(Source::Inferred), Some(Reason::SizeAllocatedInTrace))
             };
             out.blocks.insert(addr, Attributed { category: other, source, reason });
+            continue;
+        }
+        // Alone of its size beside a model built in layers, and a size the trace makes only as another kind (never
+        // a parameter's): the step's own tensor from before the cut (an intermediate, a batch), not a weight.
+        let lone = layered && held_from_before[&size] == 1 && live_sizes.get(&size) == Some(&1);
+        if let Some(category) = ev.most_other.filter(|c| lone && ev.parameter_kind == 0 && *c != "unknown") {
+            let a =
+                Attributed { category, source: Some(Source::Inferred), reason: Some(Reason::LoneSizeOfAnotherKind) };
+            out.blocks.insert(addr, a);
             continue;
         }
         rest.push((addr, size));

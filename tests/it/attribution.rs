@@ -241,6 +241,17 @@ fn blocks_the_trace_was_still_freeing_at_its_end_are_transient_not_the_model() {
 }
 
 #[test]
+fn a_lone_block_from_before_recording_of_a_size_the_trace_makes_only_as_the_users_is_the_users() {
+    // The step's 32 MiB intermediate (the script's own line), made before the cut, is the only block of its size
+    // among those kept from before (the hand-made weights and the kept summaries share one size), and the trace
+    // makes its size every step as the script's own tensor: the user's, as the full file says (416 MiB of user
+    // tensors, no parameter).
+    let cats = degraded("varlen-1.25-late0.5.pickle.xz");
+    assert_eq!(mib(&cats, "parameter"), 0, "{cats:?}");
+    assert_eq!(mib(&cats, "user_tensor"), 416, "{cats:?}");
+}
+
+#[test]
 fn weights_sharing_a_size_with_freed_tensors_stay_parameters() {
     // Three blocks of the weights' size, made before recording, are freed as the trace begins; the trace then runs
     // thousands of events without freeing another: the 96 it kept all along are the model (6,301 MiB).
