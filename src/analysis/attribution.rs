@@ -52,8 +52,8 @@ pub enum Reason {
     /// Alive since before recording, but the trace was still freeing other blocks of its size made before it when it
     /// ended: transient.
     FreedLikeIt,
-    /// Alive since before recording, the only block of its size in a model built in layers, and the trace allocates
-    /// its size only as this category.
+    /// Alive since before recording, the only block of its size, and the trace allocates its size only as this
+    /// category, never as a parameter's kind.
     LoneSizeOfAnotherKind,
 }
 
@@ -74,8 +74,8 @@ impl Reason {
                 "allocated before recording; the trace was still freeing others of its size: transient"
             }
             Reason::LoneSizeOfAnotherKind => {
-                "allocated before recording, alone of its size (a model's weights come in layers); the trace \
-                 allocates its size only as this"
+                "allocated before recording, the only block of its size; the trace allocates its size only as \
+                 this, never as a parameter's"
             }
         }
     }
@@ -623,9 +623,10 @@ fn like_the_trace(
             out.blocks.insert(addr, Attributed { category: other, source, reason });
             continue;
         }
-        // Alone of its size beside a model built in layers, and a size the trace makes only as another kind (never
-        // a parameter's): the step's own tensor from before the cut (an intermediate, a batch), not a weight.
-        let lone = layered && held_from_before[&size] == 1 && live_sizes.get(&size) == Some(&1);
+        // The only block of its size, and a size the trace makes only as another kind, never a parameter's: the
+        // step's own tensor from before the cut (an intermediate, a batch), not a weight. (Weights that share a size
+        // with the trace's temporaries come many of a size, a layer's each, and are not judged here.)
+        let lone = held_from_before[&size] == 1 && live_sizes.get(&size) == Some(&1);
         if let Some(category) = ev.most_other.filter(|c| lone && ev.parameter_kind == 0 && *c != "unknown") {
             let a =
                 Attributed { category, source: Some(Source::Inferred), reason: Some(Reason::LoneSizeOfAnotherKind) };
