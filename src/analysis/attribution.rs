@@ -55,6 +55,9 @@ pub enum Reason {
     /// Alive since before recording, the only block of its size, and the trace allocates its size only as this
     /// category, never as a parameter's kind.
     LoneSizeOfAnotherKind,
+    /// Alive since before recording; the trace keeps blocks of its size as several categories, and the blocks from
+    /// before are shared among them in that proportion.
+    SizeKeptAsSeveralKinds,
 }
 
 impl Reason {
@@ -72,6 +75,10 @@ impl Reason {
             }
             Reason::FreedLikeIt => {
                 "allocated before recording; the trace was still freeing others of its size: transient"
+            }
+            Reason::SizeKeptAsSeveralKinds => {
+                "allocated before recording; the trace keeps its size as several kinds, and those from before are \
+                 shared among them in the same proportion"
             }
             Reason::LoneSizeOfAnotherKind => {
                 "allocated before recording, the only block of its size; the trace allocates its size only as \
@@ -534,6 +541,23 @@ fn caller_size(b: &LiveBlock) -> u64 {
 }
 
 /// The category counted most often (ties to the first by name), and its count.
+/// The kind of the `i`th of `of` blocks shared among `counts`' kinds in their proportion, the larger kinds first: the
+/// kind whose cumulative share covers the block's middle, (i + ½) / of.
+fn share_of(counts: &FxHashMap<&'static str, u32>, i: u32, of: u32) -> Option<&'static str> {
+    let mut kinds: Vec<(&'static str, u32)> = counts.iter().map(|(&c, &n)| (c, n)).collect();
+    kinds.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let total: u64 = kinds.iter().map(|k| u64::from(k.1)).sum();
+    let middle = (2 * u64::from(i) + 1) * total;
+    let mut cumulative = 0u64;
+    kinds
+        .into_iter()
+        .find(|&(_, n)| {
+            cumulative += u64::from(n);
+            middle < 2 * cumulative * u64::from(of.max(1))
+        })
+        .map(|k| k.0)
+}
+
 fn most_common(counts: &FxHashMap<&'static str, u32>) -> Option<(&'static str, u32)> {
     counts.iter().max_by_key(|(c, n)| (**n, std::cmp::Reverse(**c))).map(|(c, n)| (*c, *n))
 }
@@ -586,6 +610,7 @@ fn like_the_trace(
     let repeated: u64 = blocks.iter().filter(|&&(_, s)| held_from_before[&s] > 1).map(|&(_, s)| s).sum();
     let layered = repeated * 2 > kept;
     let mut rest = Vec::with_capacity(blocks.len());
+    let mut nth_of_size: FxHashMap<u64, u32> = FxHashMap::default();
     for (addr, size) in blocks {
         let Some(ev) = evidence.get(&size).filter(|_| !known_kind.contains(&size)) else {
             // One block of a size nothing else has, that the trace never made: a model's weights come in layers
@@ -615,12 +640,20 @@ fn like_the_trace(
         }
         let (other, n) = most_common(&ev.kept_other).unwrap_or(("", 0));
         if n > ev.parameter_kind {
-            let (source, reason) = if other == "unknown" {
-                (None, None)
-            } else {
-                (Some(Source::Inferred), Some(Reason::SizeAllocatedInTrace))
+            // Kept as several kinds (a loop that keeps its outputs and a copy of them, of one size), those from
+            // before were kept as the trace keeps them: shared in its proportion, the larger kinds first, so the
+            // bytes of each kind come out as the trace's mix says, where naming them all after the commonest would
+            // put every other kind's bytes in it.
+            let nth = nth_of_size.entry(size).or_default();
+            let category = share_of(&ev.kept_other, *nth, held_from_before[&size]).unwrap_or(other);
+            *nth += 1;
+            let several = ev.kept_other.len() > 1;
+            let (source, reason) = match category {
+                "unknown" => (None, None),
+                _ if several => (Some(Source::Inferred), Some(Reason::SizeKeptAsSeveralKinds)),
+                _ => (Some(Source::Inferred), Some(Reason::SizeAllocatedInTrace)),
             };
-            out.blocks.insert(addr, Attributed { category: other, source, reason });
+            out.blocks.insert(addr, Attributed { category, source, reason });
             continue;
         }
         // The only block of its size, and a size the trace makes only as another kind, never a parameter's: the
@@ -813,5 +846,23 @@ fn gcd(a: u64, b: u64) -> u64 {
         a
     } else {
         gcd(b, a % b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_kept_as_several_kinds_are_shared_in_the_traces_proportion() {
+        let counts: FxHashMap<&'static str, u32> = [("activation", 1032), ("user_tensor", 86)].into_iter().collect();
+        let kinds: Vec<&str> = (0..342 + 4098).map(|i| share_of(&counts, i, 342 + 4098).unwrap()).collect();
+        let users = kinds.iter().filter(|&&k| k == "user_tensor").count();
+        // 86 of 1,118 kept: 7.7% of the 4,440 blocks from before, the larger kind first.
+        assert_eq!(users, 342);
+        assert_eq!(kinds[0], "activation");
+        assert_eq!(kinds[4439], "user_tensor");
+        let one: FxHashMap<&'static str, u32> = [("activation", 5)].into_iter().collect();
+        assert!((0..7).all(|i| share_of(&one, i, 7) == Some("activation")));
     }
 }
