@@ -612,14 +612,12 @@ fn like_the_trace(
     let mut rest = Vec::with_capacity(blocks.len());
     let mut nth_of_size: FxHashMap<u64, u32> = FxHashMap::default();
     for (addr, size) in blocks {
+        // The only block of its size, among those kept from before and those live.
+        let lone = held_from_before[&size] == 1 && live_sizes.get(&size) == Some(&1);
         let Some(ev) = evidence.get(&size).filter(|_| !known_kind.contains(&size)) else {
             // One block of a size nothing else has, that the trace never made: a model's weights come in layers
             // and copies, so this lone one may as well be the data, the logits or an embedding. Not a guess.
-            if layered
-                && held_from_before[&size] == 1
-                && !evidence.contains_key(&size)
-                && live_sizes.get(&size) == Some(&1)
-            {
+            if layered && lone && !evidence.contains_key(&size) {
                 continue;
             }
             rest.push((addr, size));
@@ -656,10 +654,9 @@ fn like_the_trace(
             out.blocks.insert(addr, Attributed { category, source, reason });
             continue;
         }
-        // The only block of its size, and a size the trace makes only as another kind, never a parameter's: the
-        // step's own tensor from before the cut (an intermediate, a batch), not a weight. (Weights that share a size
-        // with the trace's temporaries come many of a size, a layer's each, and are not judged here.)
-        let lone = held_from_before[&size] == 1 && live_sizes.get(&size) == Some(&1);
+        // Alone of its size, and a size the trace makes only as another kind, never a parameter's: the step's own
+        // tensor from before the cut (an intermediate, a batch), not a weight. (Weights that share a size with the
+        // trace's temporaries come many of a size, a layer's each, and are not judged here.)
         if let Some(category) = ev.most_other.filter(|c| lone && ev.parameter_kind == 0 && *c != "unknown") {
             let a =
                 Attributed { category, source: Some(Source::Inferred), reason: Some(Reason::LoneSizeOfAnotherKind) };

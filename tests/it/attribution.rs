@@ -194,14 +194,7 @@ fn the_backwards_frameless_allocations_under_stacks_python_are_gradients_by_size
 fn a_trace_recorded_without_any_stack_says_its_cause_and_claims_no_inference() {
     // context=None: no frame anywhere. The backward's inference by size needs other allocations with frames, so the
     // note must not say it was made; the allocations stay unknown.
-    let dir = std::env::temp_dir().join(format!("oomdoc-frameless-{}", std::process::id()));
-    let o = std::process::Command::new("python3")
-        .arg(common::root().join("fixtures/gen_programs.py"))
-        .arg(&dir)
-        .args(["--n", "12", "--seed", "1"])
-        .output()
-        .expect("python3 runs");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dir = common::generate("fixtures/gen_programs.py", "frameless", &["--n", "12", "--seed", "1"]);
     let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     let cases = manifest.as_array().unwrap();
     // A whole trace: blocks from before a late start are judged by their own principle (lifetime and size).

@@ -233,13 +233,7 @@ fn a_panic_is_one_line_and_exit_3() {
 /// measured by bench/hostile.sh, not here.)
 #[test]
 fn hostile_megabyte_inputs_stay_within_64_times_their_size() {
-    let dir = std::env::temp_dir().join(format!("oomdoc-hostile-{}", std::process::id()));
-    let gen = std::process::Command::new("python3")
-        .arg(common::root().join("fuzz/hostile.py"))
-        .arg(&dir)
-        .output()
-        .expect("python3 runs");
-    assert!(gen.status.success(), "{}", stderr(&gen));
+    let dir = common::generate("fuzz/hostile.py", "hostile", &[]);
     let bin = env!("CARGO_BIN_EXE_oomdoc");
     let binary_kib = std::fs::metadata(bin).unwrap().len() / 1024;
     let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();

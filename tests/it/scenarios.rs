@@ -47,14 +47,8 @@ fn strs(v: &Value) -> Vec<String> {
 
 #[test]
 fn the_checklist_holds_on_scenarios_it_was_not_tuned_on() {
-    let dir = std::env::temp_dir().join(format!("oomdoc-scenarios-{}", std::process::id()));
-    let gen = std::process::Command::new("python3")
-        .arg(common::root().join("fixtures/gen_scenarios.py"))
-        .arg(&dir)
-        .args(["--n", "240", "--seed", &std::env::var("SCENARIO_SEED").unwrap_or_else(|_| "17".into())])
-        .output()
-        .expect("python3 runs");
-    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    let seed = std::env::var("SCENARIO_SEED").unwrap_or_else(|_| "17".into());
+    let dir = common::generate("fixtures/gen_scenarios.py", "scenarios", &["--n", "240", "--seed", &seed]);
     let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     let mut scores: BTreeMap<(String, String), Score> = BTreeMap::new();
     let mut misses: Vec<String> = Vec::new();

@@ -36,6 +36,20 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Runs one of the repository's Python generators (`script`, relative to the root) into a fresh temporary folder
+/// named after `tag`, with `args` after the folder; returns the folder (the caller removes it).
+pub fn generate(script: &str, tag: &str, args: &[&str]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("oomdoc-{tag}-{}", std::process::id()));
+    let o = std::process::Command::new("python3")
+        .arg(root().join(script))
+        .arg(&dir)
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    assert!(o.status.success(), "{script}: {}", stderr(&o));
+    dir
+}
+
 /// Every file in a fixtures folder with the given extension, sorted, as paths relative to the crate root.
 pub fn fixtures(dir: &str, ext: &str) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(root().join(dir))
