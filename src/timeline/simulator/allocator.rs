@@ -136,6 +136,11 @@ pub struct Allocator {
     /// Live segment ranges by base, to keep hinted addresses from overlapping.
     live_ranges: std::collections::BTreeMap<u64, u64>,
     next_base: u64,
+    /// Fresh segments take addresses downwards from here where the driver gave the trace's segments descending
+    /// addresses (as CUDA's usually does): equal free blocks are told apart by address, the lower first, so the
+    /// newest segment is tried first as on the GPU.
+    next_down: u64,
+    addresses_descend: bool,
     /// Addresses the recorded trace gave new segments, by size, in order: a new segment of that size takes the
     /// next, so ties between equal free blocks break as they did on the GPU.
     hints: std::sync::Arc<FxHashMap<u64, Vec<u64>>>,
@@ -149,10 +154,14 @@ pub struct Allocator {
     pub segment_events: Vec<SegmentEvent>,
     /// Keep segment events (validation needs them; what-ifs do not).
     pub record_events: bool,
+    /// Requests at which garbage collection released segments.
+    pub gc_collections: usize,
     op: u32,
 }
 
 const SYNTHETIC_BASE: u64 = 1 << 52;
+/// Above every address a recorded trace or the ascending synthetic range (expandable segments' reservations) uses.
+const DESCENDING_TOP: u64 = 1 << 60;
 
 impl Allocator {
     pub fn new(cfg: Config) -> Allocator {
@@ -166,6 +175,8 @@ impl Allocator {
             default_pools: [None; 2],
             live_ranges: Default::default(),
             next_base: SYNTHETIC_BASE,
+            next_down: DESCENDING_TOP,
+            addresses_descend: false,
             hints: Default::default(),
             hints_taken: FxHashMap::default(),
             reserved: 0,
@@ -175,6 +186,7 @@ impl Allocator {
             peak_allocated: 0,
             segment_events: Vec::new(),
             record_events: false,
+            gc_collections: 0,
             op: 0,
         }
     }
@@ -303,9 +315,18 @@ impl Allocator {
                 return a;
             }
         }
+        if self.addresses_descend {
+            self.next_down -= size.div_ceil(ROUND_LARGE) * ROUND_LARGE + ROUND_LARGE;
+            return self.next_down;
+        }
         let a = self.next_base;
         self.next_base += size.div_ceil(ROUND_LARGE) * ROUND_LARGE + ROUND_LARGE;
         a
+    }
+
+    /// New segments' addresses go down (true) or up, as the driver gave the trace's.
+    pub fn set_address_order(&mut self, descend: bool) {
+        self.addresses_descend = descend;
     }
 
     fn add_segment(&mut self, base: u64, size: u64, stream: u64, pool: u16, expandable: bool) -> u32 {
@@ -382,8 +403,13 @@ impl Allocator {
         let alloc_size = Config::segment_size(size);
         let mut found = self.get_free_block(pool, stream, size);
         if found.is_none() {
-            if self.cfg.fraction_cap && self.cfg.gc_threshold.is_some_and(|t| t > 0.0) {
-                self.garbage_collect();
+            let collected =
+                self.cfg.fraction_cap && self.cfg.gc_threshold.is_some_and(|t| t > 0.0) && self.garbage_collect();
+            // Segments the trace shows released before this request are garbage collection's where it releases
+            // some here: the driver was not asked, so nothing says it refused.
+            let refused = refused && !collected;
+            if collected {
+                self.gc_collections += 1;
             }
             if !refused {
                 found = self.alloc_block(pool, stream, size, alloc_size);
@@ -628,14 +654,15 @@ impl Allocator {
 
     /// Garbage collection under a memory-fraction cap: frees unsplit cached large segments older than the average,
     /// until the reserved bytes are back under the threshold.
-    fn garbage_collect(&mut self) {
-        let (Some(t), Some(cap)) = (self.cfg.gc_threshold, self.cfg.capacity) else { return };
+    /// Whether it released any segment.
+    fn garbage_collect(&mut self) -> bool {
+        let (Some(t), Some(cap)) = (self.cfg.gc_threshold, self.cfg.capacity) else { return false };
         let threshold = (t * cap as f64) as u64;
         if self.reserved <= threshold {
-            return;
+            return false;
         }
         let target = self.reserved - threshold;
-        let Some(&pool) = self.pool_index.get(&((0, 0), false)) else { return };
+        let Some(&pool) = self.pool_index.get(&((0, 0), false)) else { return false };
         let calls = self.pools[pool as usize].free_calls;
         let freeable = |s: &Allocator| -> Vec<(u32, u64)> {
             s.pools[pool as usize]
@@ -667,6 +694,7 @@ impl Allocator {
             }
             blocks = freeable(self);
         }
+        reclaimed > 0
     }
 
     fn page(&self, pool: usize) -> u64 {

@@ -89,6 +89,9 @@ pub struct Workload {
     pub rebuilt_start: bool,
     /// Addresses the trace gave new segments, by size, in order (see [`Allocator::set_hints`]).
     pub segment_addresses: std::sync::Arc<FxHashMap<u64, Vec<u64>>>,
+    /// The driver gave the trace's new segments descending addresses, on the whole (rank correlation with their
+    /// order below zero); with fewer than two, taken as CUDA's usual downward order.
+    pub addresses_descend: bool,
     /// The trace's streams in the order of their handles: an op's or segment's stream is its index here.
     pub streams: Vec<u64>,
     /// Frees of blocks the workload never saw allocated (skipped).
@@ -112,6 +115,7 @@ impl Workload {
         let rank: FxHashMap<u64, u64> = streams.iter().enumerate().map(|(i, &s)| (s, i as u64)).collect();
         w.streams = streams;
         let mut addresses: FxHashMap<u64, Vec<u64>> = FxHashMap::default();
+        let mut in_order: Vec<u64> = Vec::new();
         let mut live: FxHashMap<u64, u32> = FxHashMap::default();
         let mut next_id = 0u32;
         for seg in start_state.segments_sorted() {
@@ -161,7 +165,10 @@ impl Workload {
                     Some(id) => w.ops.push(Op::Free { id, event: at }),
                     None => w.unmatched_frees += 1,
                 },
-                Action::SegmentAlloc => addresses.entry(e.size).or_default().push(e.addr),
+                Action::SegmentAlloc => {
+                    addresses.entry(e.size).or_default().push(e.addr);
+                    in_order.push(e.addr);
+                }
                 Action::SegmentFree | Action::SegmentUnmap => {
                     // A run of releases: before a new segment, the allocator's retry or the program's empty_cache
                     // (told apart in the simulation); before the OOM, the allocator's last resort, which the
@@ -195,6 +202,7 @@ impl Workload {
             i += 1;
         }
         w.segment_addresses = std::sync::Arc::new(addresses);
+        w.addresses_descend = descending(&in_order);
         w.ids = next_id;
         w
     }
@@ -206,13 +214,54 @@ impl Workload {
 
     /// An allocator holding the starting state; returns it with the block of each live start id.
     pub fn start_allocator(&self, cfg: Config) -> (Allocator, Vec<u32>) {
+        // Replaying the run as it was, new segments take the addresses the driver gave them, so equal free blocks
+        // are told apart as they were on the GPU. Under another setting the segments differ and a recorded address
+        // would set one segment's place among fresh ones at random: all are fresh, in the driver's order.
+        let replaying = cfg.follow_refusals;
         let mut a = Allocator::new(cfg);
-        a.set_hints(std::sync::Arc::clone(&self.segment_addresses));
+        if replaying {
+            a.set_hints(std::sync::Arc::clone(&self.segment_addresses));
+        }
+        a.set_address_order(self.addresses_descend);
         let mut blocks = Vec::with_capacity(self.ids());
         for s in &self.start {
             let pool = a.pool_for(s.pool, s.small);
             blocks.extend(a.place_segment(s.addr, s.stream, pool, s.expandable, &s.blocks));
         }
         (a, blocks)
+    }
+}
+
+/// Whether addresses given in this order go down on the whole: the sign of their rank correlation with the order
+/// (the small pool's segments and reused ranges interleave, so neighbours alone mislead).
+fn descending(addrs: &[u64]) -> bool {
+    let n = addrs.len();
+    if n < 2 {
+        return true;
+    }
+    let mut by_addr: Vec<usize> = (0..n).collect();
+    by_addr.sort_unstable_by_key(|&i| addrs[i]);
+    let mean = (n - 1) as f64 / 2.0;
+    let covariance: f64 = by_addr.iter().enumerate().map(|(rank, &i)| (rank as f64 - mean) * (i as f64 - mean)).sum();
+    covariance <= 0.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::descending;
+
+    #[test]
+    fn the_drivers_address_order_is_read_on_the_whole_not_from_neighbours() {
+        // Large segments going down, each followed by a small-pool segment from a range above them: half the
+        // neighbouring pairs rise, the order falls.
+        let mut addrs = Vec::new();
+        for i in 0..10u64 {
+            addrs.push(0x7f00_0000_0000 - i * 0x1000_0000);
+            addrs.push(0x7f80_0000_0000 - i * 0x20_0000);
+        }
+        assert!(descending(&addrs));
+        let rising: Vec<u64> = (0..10u64).map(|i| 0x7000_0000_0000 + i * 0x1000_0000).collect();
+        assert!(!descending(&rising));
+        assert!(descending(&[]), "with nothing to go by, CUDA's usual order");
     }
 }
