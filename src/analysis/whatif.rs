@@ -142,6 +142,9 @@ pub struct Validation {
     pub driver_refusals: usize,
     /// Releases of the cache the program made (empty_cache), replayed where the trace has them.
     pub empty_cache_calls: usize,
+    /// The file's settings collect garbage, which acts on the process's memory cap, and no cap is in the files
+    /// (a run that did not run out says none): the simulation cannot collect as torch did (`--memory-cap`).
+    pub gc_without_cap: bool,
 }
 
 impl Validation {
@@ -162,6 +165,7 @@ fn words((a, s): (Action, u64)) -> String {
 pub fn validate(tl: &Timeline, dev: &DeviceTimeline, replay: &Replay, memory_cap: Option<u64>) -> Validation {
     let cap = capacity(tl, dev, replay, memory_cap, None);
     let cfg = recorded_config(tl, replay, &cap);
+    let gc_without_cap = cfg.gc_threshold.is_some_and(|t| t > 0.0) && !cap.fraction_cap;
     let w = Workload::from_trace(replay);
     let out = simulator::simulate(&w, Config { follow_refusals: true, ..cfg.clone() }, true);
     let recorded = simulator::recorded_segment_events(&dev.events);
@@ -186,6 +190,7 @@ pub fn validate(tl: &Timeline, dev: &DeviceTimeline, replay: &Replay, memory_cap
         capacity: cap,
         driver_refusals: out.refusals_followed,
         empty_cache_calls: out.empty_caches,
+        gc_without_cap,
     }
 }
 

@@ -151,6 +151,9 @@ fn compared(inputs: &[InputValidation]) -> (Vec<(String, &Validation)>, usize) {
     (rows, none)
 }
 
+const GC_WITHOUT_CAP: &str =
+    "garbage collection acts on the process's memory cap, which these files do not hold (give --memory-cap)";
+
 fn footer(rows: &[(String, &Validation)], none: usize) -> String {
     let exact = rows.iter().filter(|r| r.1.exact).count();
     let mut s =
@@ -189,6 +192,9 @@ pub fn validation_text(inputs: &[InputValidation]) -> String {
         if let Some(d) = &v.first_difference {
             s += &format!("{:51}first difference {d}\n", "");
         }
+        if v.gc_without_cap {
+            s += &format!("{:51}{GC_WITHOUT_CAP}\n", "");
+        }
     }
     s + &footer(&rows, none)
 }
@@ -213,6 +219,9 @@ pub fn validation_markdown(inputs: &[InputValidation]) -> String {
         let calls = format!("{} empty_cache calls", v.empty_cache_calls);
         if v.empty_cache_calls > 0 {
             notes.push(&calls);
+        }
+        if v.gc_without_cap {
+            notes.push(GC_WITHOUT_CAP);
         }
         s += &format!(
             "| `{}`{} | {} | {} / {} | {} → {} | {} |\n",

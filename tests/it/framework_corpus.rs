@@ -304,3 +304,48 @@ fn the_simulator_predicts_each_setting_rerun_of_the_varlen_program() {
     let known: BTreeSet<String> = WRONG_FIRST_PREDICTIONS.iter().map(|s| s.to_string()).collect();
     assert_eq!(first_wrong, known, "the predictions written before the runs, against what the runs did");
 }
+
+/// The Trainer OOM of batch 8 run again under six settings (`trainer-batch-8-{tag}`), with the simulator's
+/// prediction for each written into `trainer_batch_8_settings.py` before the runs: held out from the varlen runs the
+/// simulator was corrected on. "fits": the run finished its four steps; "runs out": it ran out asking what the
+/// batch-8 run asked, at the same point (its trace as long within a few entries).
+const TRAINER_SETTING_RUNS: &[(&str, &str)] = &[
+    ("garbage_collection_threshold:0.6", "gc0.6"),
+    ("garbage_collection_threshold:0.8", "gc0.8"),
+    ("roundup_power2_divisions:4", "roundup4"),
+    ("max_split_size_mb:128", "max-split128"),
+    ("max_split_size_mb:256", "max-split256"),
+    ("max_split_size_mb:512", "max-split512"),
+];
+
+#[test]
+fn the_simulator_predicted_each_setting_rerun_of_the_trainer_oom_before_it_ran() {
+    let script =
+        std::fs::read_to_string(common::root().join("fixtures/capture/frameworks/trainer_batch_8_settings.py"))
+            .unwrap();
+    let as_is: Value =
+        serde_json::from_slice(&analyze("fixtures/real-gpu/frameworks/trainer-batch-8", "json")).unwrap();
+    let asked = as_is["ooms"][0]["requested_bytes"].clone();
+    let mut checked = 0;
+    for (setting, tag) in TRAINER_SETTING_RUNS {
+        let line = script
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{setting} ")))
+            .unwrap_or_else(|| panic!("no prediction for {setting}"));
+        let predicted_fit = line.contains(" fits ");
+        let dir = format!("fixtures/real-gpu/frameworks/trainer-batch-8-{tag}");
+        let run: Value = serde_json::from_slice(&analyze(&dir, "json")).unwrap();
+        let ran_out = !run["ooms"].as_array().unwrap().is_empty();
+        assert_eq!(!ran_out, predicted_fit, "{setting}: predicted {line:?}");
+        if ran_out {
+            assert_eq!(run["ooms"][0]["requested_bytes"], asked, "{setting}: ran out elsewhere");
+        }
+        let o = oomdoc(&["whatif", "fixtures/real-gpu/frameworks/trainer-batch-8/", "--set", setting, "--no-progress"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = String::from_utf8(o.stdout).unwrap();
+        let row = text.lines().find(|l| l.trim_start().starts_with(setting)).unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(row.contains("fits"), predicted_fit, "{setting}: today's what-if {row}");
+        checked += 1;
+    }
+    assert_eq!(checked, 6);
+}

@@ -42,9 +42,17 @@ fn the_simulator_makes_the_segments_torch_made_on_every_real_trace() {
         for tl in &job.timelines {
             for dev in tl.devices.iter().filter(|d| !d.events.is_empty()) {
                 let replay = Replay::new(dev, tl.settings.as_ref());
-                let v = whatif::validate(tl, dev, &replay, None);
+                let mut v = whatif::validate(tl, dev, &replay, None);
                 if v.recorded_segment_events == 0 {
                     continue;
+                }
+                if v.gc_without_cap {
+                    // A run under garbage collection that did not run out: its cap is in the capture's meta.json
+                    // only, as a user would give it with --memory-cap.
+                    let meta = std::fs::read_to_string(root().join(&input).join("meta.json")).unwrap();
+                    let meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
+                    v = whatif::validate(tl, dev, &replay, meta["cap_bytes"].as_u64());
+                    assert!(!v.gc_without_cap, "{input}");
                 }
                 checked += 1;
                 from_empty += !v.rebuilt_start as usize;
