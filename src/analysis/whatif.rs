@@ -397,7 +397,9 @@ impl Plan {
         gpu_memory: Option<u64>,
     ) -> Result<Plan, WhatIfError> {
         let mut plan = Plan { drop_stacks: drop.to_vec(), gpu_memory, ..Default::default() };
-        for s in set {
+        // A PYTORCH_CUDA_ALLOC_CONF pasted whole is several settings, as torch reads it.
+        for s in set.iter().flat_map(|s| conf_items(s)) {
+            let s = &s.to_string();
             let (k, v) = s
                 .split_once(':')
                 .or_else(|| s.split_once('='))
@@ -862,9 +864,38 @@ impl Knob {
     }
 }
 
+/// The settings of one allocator configuration string: comma-separated, except inside `[…]`
+/// (`roundup_power2_divisions:[256:1,>:4]`).
+fn conf_items(conf: &str) -> Vec<&str> {
+    let (mut items, mut depth, mut start) = (Vec::new(), 0usize, 0);
+    for (i, c) in conf.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                items.push(&conf[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&conf[start..]);
+    items.into_iter().map(str::trim).filter(|s| !s.is_empty()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pasted_alloc_conf_is_several_settings_and_brackets_hold_their_commas() {
+        let set = ["garbage_collection_threshold:0.6, roundup_power2_divisions:[256:1,>:4]".to_string()];
+        let plan = Plan::parse(&set, &[], &[], None).unwrap();
+        let keys: Vec<&str> =
+            plan.settings.iter().map(|(k, v)| if v.starts_with('[') { v } else { k.as_str() }).collect();
+        assert_eq!(keys, ["garbage_collection_threshold", "[256:1,>:4]"]);
+        assert!(Plan::parse(&["max_split_size_mb:64,bogus".to_string()], &[], &[], None).is_err());
+    }
 
     #[test]
     fn divisions_are_read_as_torch_reads_them() {

@@ -113,7 +113,8 @@ pub struct WhatifArgs {
     #[command(flatten)]
     pub input: InputArgs,
     /// An allocator setting as PYTORCH_CUDA_ALLOC_CONF writes it (expandable_segments:True, max_split_size_mb:512,
-    /// roundup_power2_divisions:4, garbage_collection_threshold:0.8); repeat for several, all applied together.
+    /// roundup_power2_divisions:4, garbage_collection_threshold:0.8); repeat for several, all applied together, or
+    /// paste a whole PYTORCH_CUDA_ALLOC_CONF (garbage_collection_threshold:0.6,max_split_size_mb:128).
     #[arg(long = "set", value_name = "KEY:VALUE", help_heading = "The change")]
     pub set: Vec<String>,
     /// Scale the requests of a kind of memory by a factor (activation=0.75: a batch of 6 instead of 8); `auto`
