@@ -142,8 +142,9 @@ pub struct Validation {
     pub driver_refusals: usize,
     /// Releases of the cache the program made (empty_cache), replayed where the trace has them.
     pub empty_cache_calls: usize,
-    /// The file's settings collect garbage, which acts on the process's memory cap, and no cap is in the files
-    /// (a run that did not run out says none): the simulation cannot collect as torch did (`--memory-cap`).
+    /// The file's settings collect garbage, which acts on the process's memory cap (torch collects only where a
+    /// memory fraction was set), no cap is in the files (a run that did not run out says none), and the simulation
+    /// differs: it may be for want of the cap (`--memory-cap`).
     pub gc_without_cap: bool,
 }
 
@@ -176,12 +177,13 @@ pub fn validate(tl: &Timeline, dev: &DeviceTimeline, replay: &Replay, memory_cap
         let s = simulated.get(agreeing).map_or("nothing".into(), |&e| words(e));
         format!("#{}: recorded {r}, simulated {s}", agreeing + 1)
     });
+    let exact = first_difference.is_none() && out.peak_reserved == replay.peak_reserved.0;
     Validation {
         device: dev.device,
         recorded_segment_events: recorded.len(),
         simulated_segment_events: simulated.len(),
         agreeing,
-        exact: first_difference.is_none() && out.peak_reserved == replay.peak_reserved.0,
+        exact,
         first_difference,
         recorded_peak_reserved: replay.peak_reserved.0,
         simulated_peak_reserved: out.peak_reserved,
@@ -190,7 +192,8 @@ pub fn validate(tl: &Timeline, dev: &DeviceTimeline, replay: &Replay, memory_cap
         capacity: cap,
         driver_refusals: out.refusals_followed,
         empty_cache_calls: out.empty_caches,
-        gc_without_cap,
+        // Torch collects only under a memory fraction: where the simulation agrees, none was needed.
+        gc_without_cap: gc_without_cap && !exact,
     }
 }
 
@@ -398,14 +401,19 @@ impl Plan {
     ) -> Result<Plan, WhatIfError> {
         let mut plan = Plan { drop_stacks: drop.to_vec(), gpu_memory, ..Default::default() };
         // A PYTORCH_CUDA_ALLOC_CONF pasted whole is several settings, as torch reads it.
-        for s in set.iter().flat_map(|s| conf_items(s)) {
-            let s = &s.to_string();
-            let (k, v) = s
-                .split_once(':')
-                .or_else(|| s.split_once('='))
-                .ok_or_else(|| WhatIfError::NotKeyValue { arg: s.clone() })?;
-            apply_setting(&mut Config::default(), k.trim(), v.trim())?;
-            plan.settings.push((k.trim().to_string(), v.trim().to_string()));
+        for whole in set {
+            let items = conf_items(whole);
+            if items.is_empty() {
+                return Err(WhatIfError::NotKeyValue { arg: whole.clone() });
+            }
+            for s in items {
+                let (k, v) = s
+                    .split_once(':')
+                    .or_else(|| s.split_once('='))
+                    .ok_or_else(|| WhatIfError::NotKeyValue { arg: s.to_string() })?;
+                apply_setting(&mut Config::default(), k.trim(), v.trim())?;
+                plan.settings.push((k.trim().to_string(), v.trim().to_string()));
+            }
         }
         for s in scale {
             let (cat, f) = s.split_once('=').ok_or_else(|| WhatIfError::NotCategoryFactor { arg: s.clone() })?;
@@ -891,10 +899,10 @@ mod tests {
     fn a_pasted_alloc_conf_is_several_settings_and_brackets_hold_their_commas() {
         let set = ["garbage_collection_threshold:0.6, roundup_power2_divisions:[256:1,>:4]".to_string()];
         let plan = Plan::parse(&set, &[], &[], None).unwrap();
-        let keys: Vec<&str> =
-            plan.settings.iter().map(|(k, v)| if v.starts_with('[') { v } else { k.as_str() }).collect();
-        assert_eq!(keys, ["garbage_collection_threshold", "[256:1,>:4]"]);
+        let pairs: Vec<(&str, &str)> = plan.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(pairs, [("garbage_collection_threshold", "0.6"), ("roundup_power2_divisions", "[256:1,>:4]")]);
         assert!(Plan::parse(&["max_split_size_mb:64,bogus".to_string()], &[], &[], None).is_err());
+        assert!(Plan::parse(&[",".to_string()], &[], &[], None).is_err(), "nothing to set is an error");
     }
 
     #[test]

@@ -151,8 +151,8 @@ fn compared(inputs: &[InputValidation]) -> (Vec<(String, &Validation)>, usize) {
     (rows, none)
 }
 
-const GC_WITHOUT_CAP: &str =
-    "garbage collection acts on the process's memory cap, which these files do not hold (give --memory-cap)";
+const GC_WITHOUT_CAP: &str = "garbage collection acts on the process's memory cap, which these files do not hold \
+     (if the program set a memory fraction, give --memory-cap)";
 
 fn footer(rows: &[(String, &Validation)], none: usize) -> String {
     let exact = rows.iter().filter(|r| r.1.exact).count();

@@ -49,7 +49,8 @@ fn the_simulator_makes_the_segments_torch_made_on_every_real_trace() {
                 if v.gc_without_cap {
                     // A run under garbage collection that did not run out: its cap is in the capture's meta.json
                     // only, as a user would give it with --memory-cap.
-                    let meta = std::fs::read_to_string(root().join(&input).join("meta.json")).unwrap();
+                    let meta = std::fs::read_to_string(root().join(&input).join("meta.json"))
+                        .unwrap_or_else(|e| panic!("{input}: garbage collection without a cap, and no meta.json: {e}"));
                     let meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
                     v = whatif::validate(tl, dev, &replay, meta["cap_bytes"].as_u64());
                     assert!(!v.gc_without_cap, "{input}");

@@ -136,9 +136,9 @@ pub struct Allocator {
     /// Live segment ranges by base, to keep hinted addresses from overlapping.
     live_ranges: std::collections::BTreeMap<u64, u64>,
     next_base: u64,
-    /// Fresh segments take addresses downwards from here where the driver gave the trace's segments descending
-    /// addresses (as CUDA's usually does): equal free blocks are told apart by address, the lower first, so the
-    /// newest segment is tried first as on the GPU.
+    /// Fresh segments take addresses downwards from here, below every segment placed before them, where the driver
+    /// gave the trace's segments falling addresses (as CUDA's usually does): equal free blocks are told apart by
+    /// address, the lower first, so the newest segment is tried first as on the GPU.
     next_down: u64,
     addresses_descend: bool,
     /// Addresses the recorded trace gave new segments, by size, in order: a new segment of that size takes the
@@ -155,7 +155,7 @@ pub struct Allocator {
     /// Keep segment events (validation needs them; what-ifs do not).
     pub record_events: bool,
     /// Requests at which garbage collection released segments.
-    pub gc_collections: usize,
+    pub gc_releasing_requests: usize,
     op: u32,
 }
 
@@ -186,7 +186,7 @@ impl Allocator {
             peak_allocated: 0,
             segment_events: Vec::new(),
             record_events: false,
-            gc_collections: 0,
+            gc_releasing_requests: 0,
             op: 0,
         }
     }
@@ -312,12 +312,16 @@ impl Allocator {
             let clear_before = self.live_ranges.range(..=a).next_back().is_none_or(|(&b, &s)| b + s <= a);
             let clear_after = self.live_ranges.range(a..).next().is_none_or(|(&b, _)| b >= a + size);
             if clear_before && clear_after && a < SYNTHETIC_BASE {
+                self.next_down = self.next_down.min(a);
                 return a;
             }
         }
         if self.addresses_descend {
-            self.next_down -= size.div_ceil(ROUND_LARGE) * ROUND_LARGE + ROUND_LARGE;
-            return self.next_down;
+            // Below every segment placed so far, as a driver handing out falling addresses puts a new one.
+            if let Some(a) = self.next_down.checked_sub(size.div_ceil(ROUND_LARGE) * ROUND_LARGE + ROUND_LARGE) {
+                self.next_down = a;
+                return a;
+            }
         }
         let a = self.next_base;
         self.next_base += size.div_ceil(ROUND_LARGE) * ROUND_LARGE + ROUND_LARGE;
@@ -348,6 +352,7 @@ impl Allocator {
         let total: u64 = blocks.iter().map(|b| b.1).sum();
         let seg = self.add_segment(base, total, stream, pool, expandable);
         self.next_base = self.next_base.max(base.saturating_add(total).min(SYNTHETIC_BASE));
+        self.next_down = self.next_down.min(base);
         let mut prev = NIL;
         let mut held = Vec::new();
         for &(addr, size, allocated) in blocks {
@@ -406,10 +411,11 @@ impl Allocator {
             let collected =
                 self.cfg.fraction_cap && self.cfg.gc_threshold.is_some_and(|t| t > 0.0) && self.garbage_collect();
             // Segments the trace shows released before this request are garbage collection's where it releases
-            // some here: the driver was not asked, so nothing says it refused.
+            // some here: the driver was not asked, so nothing says it refused. (Torch could also collect and then
+            // be refused; the trace's run of releases does not say which, and the collector's reading is taken.)
             let refused = refused && !collected;
             if collected {
-                self.gc_collections += 1;
+                self.gc_releasing_requests += 1;
             }
             if !refused {
                 found = self.alloc_block(pool, stream, size, alloc_size);

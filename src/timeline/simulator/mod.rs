@@ -77,10 +77,10 @@ pub fn simulate_with(
                         a.release_cached();
                         a.malloc(size, stream, pool)
                     } else if a.config().follow_refusals {
-                        let collections = a.gc_collections;
+                        let collections = a.gc_releasing_requests;
                         let got = a.malloc_refused(size, stream, pool);
                         // Where garbage collection made the release, no refusal was needed to explain it.
-                        if a.gc_collections == collections {
+                        if a.gc_releasing_requests == collections {
                             out.refusals_followed += 1;
                         }
                         got

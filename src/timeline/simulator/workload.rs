@@ -1,7 +1,7 @@
 //! The requests and frees of a device's trace, in order, as a simulation replays them: what the program asked
 //! of the allocator, separated from where torch put it.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::timeline::replay::{Replay, State};
 use crate::timeline::stacks::StackId;
@@ -89,8 +89,8 @@ pub struct Workload {
     pub rebuilt_start: bool,
     /// Addresses the trace gave new segments, by size, in order (see [`Allocator::set_hints`]).
     pub segment_addresses: std::sync::Arc<FxHashMap<u64, Vec<u64>>>,
-    /// The driver gave the trace's new segments descending addresses, on the whole (rank correlation with their
-    /// order below zero); with fewer than two, taken as CUDA's usual downward order.
+    /// The driver gave the trace's new segments falling addresses, on the whole (the rank correlation of addresses
+    /// with their order not above zero); with fewer than two, taken as CUDA's usual downward order.
     pub addresses_descend: bool,
     /// The trace's streams in the order of their handles: an op's or segment's stream is its index here.
     pub streams: Vec<u64>,
@@ -235,6 +235,9 @@ impl Workload {
 /// Whether addresses given in this order go down on the whole: the sign of their rank correlation with the order
 /// (the small pool's segments and reused ranges interleave, so neighbours alone mislead).
 fn descending(addrs: &[u64]) -> bool {
+    // A range the driver hands back is ranked where it first came: a repeat would only add ties.
+    let mut seen = FxHashSet::default();
+    let addrs: Vec<u64> = addrs.iter().copied().filter(|a| seen.insert(*a)).collect();
     let n = addrs.len();
     if n < 2 {
         return true;
@@ -263,5 +266,10 @@ mod tests {
         let rising: Vec<u64> = (0..10u64).map(|i| 0x7000_0000_0000 + i * 0x1000_0000).collect();
         assert!(!descending(&rising));
         assert!(descending(&[]), "with nothing to go by, CUDA's usual order");
+        // A range handed back again and again does not outvote the order the fresh ones came in.
+        let mut reused = rising.clone();
+        reused.extend(std::iter::repeat_n(0x7000_0000_0000, 30));
+        assert!(!descending(&reused));
+        assert!(descending(&[5, 5, 5]), "one address: nothing to go by");
     }
 }
