@@ -540,7 +540,6 @@ fn caller_size(b: &LiveBlock) -> u64 {
     }
 }
 
-/// The category counted most often (ties to the first by name), and its count.
 /// The kind of the `i`th of `of` blocks shared among `counts`' kinds in their proportion, the larger kinds first: the
 /// kind whose cumulative share covers the block's middle, (i + ½) / of.
 fn share_of(counts: &FxHashMap<&'static str, u32>, i: u32, of: u32) -> Option<&'static str> {
@@ -558,6 +557,7 @@ fn share_of(counts: &FxHashMap<&'static str, u32>, i: u32, of: u32) -> Option<&'
         .map(|k| k.0)
 }
 
+/// The category counted most often (ties to the first by name), and its count.
 fn most_common(counts: &FxHashMap<&'static str, u32>) -> Option<(&'static str, u32)> {
     counts.iter().max_by_key(|(c, n)| (**n, std::cmp::Reverse(**c))).map(|(c, n)| (*c, *n))
 }

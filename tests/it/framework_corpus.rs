@@ -221,6 +221,19 @@ fn the_real_four_rank_job_reads_as_one_job_in_text_json_and_html() {
     assert!(!html.contains("oom-2.json"), "the JSON report beside its snapshot is the same rank");
 }
 
+/// Whether `oomdoc whatif DIR --set SETTING` says the setting's row fits, and the command's whole output.
+fn whatif_fits(dir: &str, setting: &str) -> (bool, String) {
+    let o = oomdoc(&["whatif", dir, "--set", setting, "--no-progress"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8(o.stdout).unwrap();
+    let fits = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(setting))
+        .unwrap_or_else(|| panic!("{dir} with {setting}: no row in {text}"))
+        .contains(" fits,");
+    (fits, text)
+}
+
 /// The captured what-if pairs: the run that ran out, replayed under the settings its second and third captures
 /// used, must fit as those captures did (no OOM in 400 steps).
 #[test]
@@ -231,11 +244,8 @@ fn the_simulator_predicts_the_outcome_of_each_captured_pair() {
             let twin_dir = format!("fixtures/real-gpu/frameworks/varlen-fragmentation-{twin}-{cap}");
             let twin: Value = serde_json::from_slice(&analyze(&twin_dir, "json")).unwrap();
             assert!(twin["ooms"].as_array().unwrap().is_empty(), "{twin_dir} ran out");
-            let o = oomdoc(&["whatif", &dir, "--set", setting, "--no-progress"]);
-            assert!(o.status.success(), "{}", stderr(&o));
-            let text = String::from_utf8(o.stdout).unwrap();
-            let line = text.lines().find(|l| l.trim_start().starts_with(setting)).unwrap_or_else(|| panic!("{text}"));
-            assert!(line.contains(" fits,"), "{dir} with {setting}: {line}");
+            let (fits, text) = whatif_fits(&dir, setting);
+            assert!(fits, "{dir} with {setting}: {text}");
             let recorded = text.lines().find(|l| l.contains("as recorded")).unwrap();
             assert!(recorded.contains("does not fit"), "{recorded}");
         }
@@ -288,14 +298,10 @@ fn the_simulator_predicts_each_setting_rerun_of_the_varlen_program() {
                 first_wrong.insert(format!("{setting} {cap}"));
             }
             let dir = format!("fixtures/real-gpu/frameworks/varlen-fragmentation-{cap}");
-            let o = oomdoc(&["whatif", &dir, "--set", setting, "--no-progress"]);
-            assert!(o.status.success(), "{}", stderr(&o));
-            let text = String::from_utf8(o.stdout).unwrap();
-            let row = text.lines().find(|l| l.trim_start().starts_with(setting)).unwrap_or_else(|| panic!("{text}"));
+            let (fits, text) = whatif_fits(&dir, setting);
             assert_eq!(
-                row.contains(" fits,"),
-                got_past,
-                "{setting} at {cap} GiB: the rerun stopped at step {step} (the run as is at {as_is}): {row}"
+                fits, got_past,
+                "{setting} at {cap} GiB: the rerun stopped at step {step} (the run as is at {as_is}): {text}"
             );
             checked += 1;
         }
@@ -375,17 +381,8 @@ fn the_simulator_predicted_each_held_out_setting_rerun_before_it_ran() {
             let got_past = !ran_out || after > before + before / 100;
             assert!(same_point != got_past, "{dir}: {after} requests against {before}");
             assert_eq!(got_past, predicted_fit, "{dir}: predicted {line:?}; {after} requests against {before}");
-            let o = oomdoc(&[
-                "whatif",
-                &format!("fixtures/real-gpu/frameworks/{as_is}/"),
-                "--set",
-                setting,
-                "--no-progress",
-            ]);
-            assert!(o.status.success(), "{}", stderr(&o));
-            let out = String::from_utf8(o.stdout).unwrap();
-            let row = out.lines().find(|l| l.trim_start().starts_with(setting)).unwrap_or_else(|| panic!("{out}"));
-            assert_eq!(row.contains(" fits,"), predicted_fit, "{as_is} with {setting}: today's what-if {row}");
+            let (fits, text) = whatif_fits(&format!("fixtures/real-gpu/frameworks/{as_is}/"), setting);
+            assert_eq!(fits, predicted_fit, "{as_is} with {setting}: today's what-if {text}");
             checked += 1;
         }
     }
