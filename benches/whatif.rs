@@ -4,8 +4,12 @@
 //!     cargo bench --bench whatif -- [SNAPSHOT]
 //!
 //! SNAPSHOT defaults to bench/data/snap-1m-real.pickle (1M trace entries shaped as torch writes them;
-//! `bench/run.sh 1m` writes it). Target: one what-if (workload + simulation) under 0.3 s; the verdict's automatic
-//! what-ifs within the analysis's own time.
+//! `bench/run.sh 1m` writes it). Its sequence length changes every step, so no two steps ask for the same sizes:
+//! the simulation's worst case, where no window of a repeat can be skipped. A real training loop repeats its steps
+//! exactly (bench/data/real-h200-llama-1m.pickle, a real H200 trace: `bench/run.sh real`). Target: one what-if
+//! (workload + simulation) under 0.3 s; the verdict's automatic what-ifs within the analysis's own time.
+//!
+//! The simulations print how many ops they skipped; SIM_ONLY also checks the outcome against op by op.
 //!
 //! With SIM_ONLY set, it simulates the recorded settings 20 times and says only the best and median: a run for a
 //! profiler.
@@ -42,6 +46,28 @@ fn main() {
             .collect();
         times.sort();
         println!("simulation, as recorded: best {} median {}", ms(times[0]), ms(median(times)));
+        let t = Instant::now();
+        let found = std::hint::black_box(simulator::repeats::find(&w.ops, w.first_id));
+        println!("  finding the repeats: {}", ms(t.elapsed()));
+        drop(found);
+        let r = w.repeats();
+        let covered: u64 = r.iter().map(|r| (r.end() - r.start) as u64).sum();
+        println!("  {} repeats covering {} of {} ops", r.len(), covered, w.ops.len());
+        let mut times: Vec<_> = (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(simulator::simulate_every_op(&w, base.clone(), false, |_, _| {
+                    simulator::Edit::Keep
+                }));
+                t.elapsed()
+            })
+            .collect();
+        times.sort();
+        println!("simulation op by op: best {} median {}", ms(times[0]), ms(median(times)));
+        let mut skipping = simulator::simulate(&w, base.clone(), true);
+        let skipped = std::mem::take(&mut skipping.ops_skipped);
+        let same = skipping == simulator::simulate_every_op(&w, base.clone(), true, |_, _| simulator::Edit::Keep);
+        println!("  {skipped} ops skipped; the same outcome as op by op: {same}");
         return;
     }
     let analysis = median(
@@ -63,6 +89,7 @@ fn main() {
             .map(|_| {
                 let t = Instant::now();
                 let w = simulator::Workload::from_trace(&replay);
+                std::hint::black_box(w.repeats());
                 let d = t.elapsed();
                 drop(w);
                 d
@@ -76,7 +103,7 @@ fn main() {
     split.rules.max_split_size = Some(512 << 20);
     println!("{path}: {} trace entries, {} requests and frees", dev.events.len(), w.ops.len());
     println!("  analysis (the whole report)      {}", ms(analysis));
-    println!("  workload from the trace          {}", ms(workload));
+    println!("  workload from the trace          {}   (its requests, and where they repeat)", ms(workload));
     // The verdict's automatic what-ifs at an OOM, at their most: expandable segments refuted then max_split_size,
     // and a leak left out then a smaller batch, on two cores (capacity: the recorded peak, so the chains run long).
     let cats = oomdoc::analysis::categories::Categorizer::builtin();

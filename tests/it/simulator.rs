@@ -399,3 +399,63 @@ fn a_state_only_dump_has_nothing_to_replay_and_says_so() {
         assert!(crate::common::stderr(&out).contains("no input holds an allocator trace"), "{input}");
     }
 }
+
+/// The simulation skips the windows of a repeated stretch that would leave the allocator as it found it (a
+/// steady training or evaluation loop). Skipping must change nothing: on every real trace, under the recorded
+/// settings and others, with a capacity that makes requests fail and with edited requests, the outcome (segment
+/// events included) equals the one simulated op by op.
+#[test]
+fn skipping_repeated_windows_changes_no_outcome_on_any_real_trace() {
+    use oomdoc::timeline::simulator::{self, Edit, Workload};
+    let mut traces = 0;
+    let mut skipped_in = std::collections::BTreeSet::new();
+    for input in real_inputs() {
+        let job = Job::read(&JobOptions::new([root().join(&input)])).unwrap();
+        for tl in &job.timelines {
+            for dev in tl.devices.iter().filter(|d| !d.events.is_empty()) {
+                let replay = Replay::new(dev, tl.settings.as_ref());
+                let w = Workload::from_trace(&replay);
+                let cap = whatif::capacity(tl, dev, &replay, None, None);
+                let base = whatif::recorded_config(tl, &replay, &cap);
+                let mut configs = vec![base.clone()];
+                let mut flipped = base.clone();
+                flipped.rules.expandable = !base.rules.expandable;
+                configs.push(flipped);
+                let mut split = base.clone();
+                split.rules.max_split_size = Some(64 << 20);
+                configs.push(split);
+                let mut rounded = base.clone();
+                rounded.rules.divisions = vec![(0, 4)];
+                configs.push(rounded);
+                let mut tight = base.clone();
+                tight.follow_refusals = false;
+                tight.capacity = Some(replay.peak_reserved.0 * 9 / 10);
+                configs.push(tight);
+                let edits: [&dyn Fn(u32, u64) -> Edit; 3] = [
+                    &|_, _| Edit::Keep,
+                    &|stack, size| if stack % 3 == 0 { Edit::Resize(size / 2) } else { Edit::Keep },
+                    &|stack, _| if stack % 7 == 1 { Edit::Drop } else { Edit::Keep },
+                ];
+                traces += 1;
+                for (c, cfg) in configs.into_iter().enumerate() {
+                    for (e, edit) in edits.iter().enumerate() {
+                        let mut fast = simulator::simulate_with(&w, cfg.clone(), true, edit);
+                        let slow = simulator::simulate_every_op(&w, cfg.clone(), true, edit);
+                        assert_eq!(slow.ops_skipped, 0);
+                        if fast.ops_skipped > 0 {
+                            skipped_in.insert(input.clone());
+                        }
+                        fast.ops_skipped = 0;
+                        assert!(
+                            fast == slow,
+                            "{input} GPU {}, config {c}, edit {e}: {fast:?}\nop by op: {slow:?}",
+                            dev.device
+                        );
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{traces} traces; windows skipped in {}: {skipped_in:?}", skipped_in.len());
+    assert!(skipped_in.len() >= 5, "the skip was exercised on {} traces only: {skipped_in:?}", skipped_in.len());
+}

@@ -156,6 +156,8 @@ pub struct Allocator {
     pub record_events: bool,
     /// Requests at which garbage collection released segments.
     pub gc_releasing_requests: usize,
+    /// Segments made, released, mapped or unmapped so far (each moves where the next fresh segment goes).
+    pub segment_changes: u64,
     op: u32,
 }
 
@@ -187,6 +189,7 @@ impl Allocator {
             segment_events: Vec::new(),
             record_events: false,
             gc_releasing_requests: 0,
+            segment_changes: 0,
             op: 0,
         }
     }
@@ -289,6 +292,7 @@ impl Allocator {
     }
 
     fn event(&mut self, action: Action, size: u64) {
+        self.segment_changes += 1;
         if self.record_events {
             self.segment_events.push(SegmentEvent { action, size, op: self.op });
         }
@@ -550,6 +554,44 @@ impl Allocator {
     /// The block's size (its rounded size once allocated).
     pub fn block_size(&self, b: u32) -> u64 {
         self.blks[b as usize].size
+    }
+
+    pub fn block_addr(&self, b: u32) -> u64 {
+        self.blks[b as usize].addr
+    }
+
+    /// Every block of every segment, as what decides the allocator's next moves: address, size, whether allocated
+    /// and mapped, and its segment's stream, pool and kind; in address order. Two states with equal layouts (and
+    /// equal counters, pools and settings) answer every request alike.
+    pub fn layout(&self) -> Vec<[u64; 6]> {
+        let mut dead = vec![false; self.blks.len()];
+        for &s in &self.spare {
+            dead[s as usize] = true;
+        }
+        let mut v: Vec<[u64; 6]> = self
+            .blks
+            .iter()
+            .zip(&dead)
+            .filter(|(_, &d)| !d)
+            .map(|(b, _)| {
+                let s = &self.segs[b.seg as usize];
+                [
+                    b.addr,
+                    b.size,
+                    b.allocated as u64 | (b.mapped as u64) << 1 | (s.expandable as u64) << 2,
+                    s.base,
+                    s.stream,
+                    s.pool as u64,
+                ]
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The pools made so far.
+    pub fn pools(&self) -> usize {
+        self.pools.len()
     }
 
     fn try_merge(&mut self, dst: u32, src: u32) -> u64 {

@@ -3,6 +3,7 @@
 //! an edited workload (what-ifs). The replay beside it (`replay.rs`) follows the recorded addresses and cannot.
 
 pub mod allocator;
+pub mod repeats;
 pub mod workload;
 
 pub use allocator::{Allocator, Config, SegmentEvent};
@@ -30,6 +31,8 @@ pub struct Outcome {
     /// empty_cache because the cache could have served the next request.
     pub refusals_followed: usize,
     pub empty_caches: usize,
+    /// Ops not simulated one by one: windows of a repeat that would have left the allocator as it found it.
+    pub ops_skipped: u64,
 }
 
 impl Outcome {
@@ -51,6 +54,27 @@ pub fn simulate_with(
     record_events: bool,
     edit: impl Fn(super::stacks::StackId, u64) -> Edit,
 ) -> Outcome {
+    run(w, cfg, record_events, edit, true)
+}
+
+/// [`simulate_with`] op by op, never skipping a repeat: what a skip must equal (a test's yardstick).
+#[doc(hidden)]
+pub fn simulate_every_op(
+    w: &Workload,
+    cfg: Config,
+    record_events: bool,
+    edit: impl Fn(super::stacks::StackId, u64) -> Edit,
+) -> Outcome {
+    run(w, cfg, record_events, edit, false)
+}
+
+fn run(
+    w: &Workload,
+    cfg: Config,
+    record_events: bool,
+    edit: impl Fn(super::stacks::StackId, u64) -> Edit,
+    skip_repeats: bool,
+) -> Outcome {
     let (mut a, start_blocks) = w.start_allocator(cfg);
     a.record_events = record_events;
     let mut blocks: Vec<u32> = start_blocks;
@@ -61,8 +85,20 @@ pub fn simulate_with(
         out.first_failure.get_or_insert((event, size));
     };
     let mut released = false;
-    for (i, op) in w.ops.iter().enumerate() {
-        a.at_op(i as u32);
+    // Garbage collection ages cached blocks by a count that never repeats: its states are never alike.
+    let gc = a.config().gc_threshold.is_some_and(|t| t > 0.0);
+    let repeats = if gc || !skip_repeats { &[][..] } else { w.repeats() };
+    let mut skip = Skipper::default();
+    let mut i = 0;
+    while i < w.ops.len() {
+        if let Some(to) = skip.at(i, repeats, &a, &out, w, &mut blocks) {
+            out.ops_skipped += (to - i) as u64;
+            i = to;
+            continue;
+        }
+        let op = &w.ops[i];
+        i += 1;
+        a.at_op(i as u32 - 1);
         match *op {
             Op::Alloc { id, size, stream, pool, event, stack } => {
                 let size = match edit(stack, size) {
@@ -123,6 +159,113 @@ pub fn simulate_with(
     out.allocated_at_end = a.allocated;
     out.segment_events = std::mem::take(&mut a.segment_events);
     out
+}
+
+/// What the allocator looked like at one window boundary of a repeat: the counters, then (where the counters had
+/// matched a recent boundary's) the layout and where each live request of the window just ended sits.
+#[derive(PartialEq)]
+struct Mark {
+    counters: [u64; 5],
+    layout: Option<Layout>,
+}
+
+/// Every block (see [`Allocator::layout`]), and each live request of the window just ended: its place in the
+/// window and its block's address.
+#[derive(PartialEq)]
+struct Layout {
+    blocks: Vec<[u64; 6]>,
+    window: Vec<(u32, u64)>,
+}
+
+/// How many boundaries back a state may come again: an allocator can settle into a cycle of a few layouts (two
+/// buffers used in turn) rather than one.
+const CYCLE_AT_MOST: usize = 4;
+
+/// Skips the windows of a repeat once a boundary finds the allocator as it was at one of the last few: the windows
+/// left go round the same cycle, and the last one's live requests sit where the matching window's did.
+#[derive(Default)]
+struct Skipper {
+    /// The repeat being watched (an index into the workload's repeats) and its next boundary.
+    at: usize,
+    boundary: Option<usize>,
+    recent: Vec<Mark>,
+}
+
+impl Skipper {
+    /// At op `i`: where to go on from, if some windows of a repeat can be skipped.
+    fn at(
+        &mut self,
+        i: usize,
+        repeats: &[repeats::Repeat],
+        a: &Allocator,
+        out: &Outcome,
+        w: &Workload,
+        blocks: &mut [u32],
+    ) -> Option<usize> {
+        let b = match self.boundary {
+            Some(b) => b,
+            None => {
+                let r = repeats.get(self.at)?;
+                let first = (r.start + r.period) as usize;
+                self.boundary = Some(first);
+                first
+            }
+        };
+        if i != b {
+            return None;
+        }
+        let r = repeats[self.at];
+        let (period, end) = (r.period as usize, r.end() as usize);
+        let counters = [a.reserved, a.allocated, a.segment_changes, a.pools() as u64, out.failures as u64];
+        let mut mark = Mark { counters, layout: None };
+        let window = i - period..i;
+        let mut skip_to = None;
+        if self.recent.iter().any(|m| m.counters == counters) {
+            let live: Vec<(u32, u64)> = w.ops[window.clone()]
+                .iter()
+                .enumerate()
+                .filter_map(|(k, op)| match *op {
+                    Op::Alloc { id, .. } if blocks[id as usize] != allocator::NIL => {
+                        Some((k as u32, a.block_addr(blocks[id as usize])))
+                    }
+                    _ => None,
+                })
+                .collect();
+            mark.layout = Some(Layout { blocks: a.layout(), window: live });
+            let cycle = (1..=self.recent.len()).find(|&c| self.recent[self.recent.len() - c] == mark);
+            if let Some(c) = cycle {
+                let turns = (end - i) / (c * period);
+                if turns > 0 {
+                    let shift = turns * c * period;
+                    for o in window {
+                        if let Op::Alloc { id, .. } = w.ops[o] {
+                            let held = std::mem::replace(&mut blocks[id as usize], allocator::NIL);
+                            if held != allocator::NIL {
+                                if let Op::Alloc { id: later, .. } = w.ops[o + shift] {
+                                    blocks[later as usize] = held;
+                                }
+                            }
+                        }
+                    }
+                    skip_to = Some(i + shift);
+                }
+            }
+        }
+        let next = b + period;
+        if skip_to.is_some() || next > end {
+            // What is left of the repeat (less than a cycle) is simulated; the next repeat starts after it.
+            self.at += 1;
+            self.boundary = None;
+            self.recent.clear();
+            return skip_to;
+        }
+        self.boundary = Some(next);
+        if self.recent.len() == CYCLE_AT_MOST {
+            self.recent.remove(0);
+        }
+        self.recent.push(mark);
+        None
+    }
 }
 
 /// The segment changes a trace recorded, in the simulator's terms.

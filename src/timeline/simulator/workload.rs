@@ -98,6 +98,8 @@ pub struct Workload {
     pub unmatched_frees: usize,
     /// Ids in use: the start's and the requests'.
     ids: u32,
+    /// Where the ops repeat, found on first use (every simulation of the workload shares it).
+    repeats: std::sync::OnceLock<Vec<super::repeats::Repeat>>,
 }
 
 impl Workload {
@@ -205,6 +207,17 @@ impl Workload {
         w.addresses_descend = descending(&in_order);
         w.ids = next_id;
         w
+    }
+
+    /// A workload of these ops on an empty device (ids numbered from 0).
+    pub fn from_ops(ops: Vec<Op>) -> Workload {
+        let ids = ops.iter().filter_map(|o| if let Op::Alloc { id, .. } = o { Some(id + 1) } else { None }).max();
+        Workload { ops, ids: ids.unwrap_or(0), ..Default::default() }
+    }
+
+    /// The stretches where a window of ops repeats (see [`super::repeats`]).
+    pub fn repeats(&self) -> &[super::repeats::Repeat] {
+        self.repeats.get_or_init(|| super::repeats::find(&self.ops, self.first_id))
     }
 
     /// The requests in force: how many ids the workload uses.
