@@ -401,15 +401,28 @@ fn a_state_only_dump_has_nothing_to_replay_and_says_so() {
 }
 
 /// The simulation skips the windows of a repeated stretch that would leave the allocator as it found it (a
-/// steady training or evaluation loop). Skipping must change nothing: on every real trace, under the recorded
-/// settings and others, with a capacity that makes requests fail and with edited requests, the outcome (segment
-/// events included) equals the one simulated op by op.
+/// steady training or evaluation loop). Skipping must change nothing: on every real and generated trace, under the
+/// recorded settings and others, with a capacity that makes requests fail and with edited requests, the outcome
+/// (segment events included) equals the one simulated op by op.
 #[test]
-fn skipping_repeated_windows_changes_no_outcome_on_any_real_trace() {
+fn skipping_repeated_windows_changes_no_outcome_on_any_trace() {
     use oomdoc::timeline::simulator::{self, Edit, Workload};
     let mut traces = 0;
     let mut skipped_in = std::collections::BTreeSet::new();
-    for input in real_inputs() {
+    let mut generated = Vec::new();
+    let mut dirs = vec![root().join("fixtures/generated")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().filter_map(|e| e.ok()) {
+            let path = e.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.file_name().unwrap().to_string_lossy().contains(".pickle") {
+                generated.push(path.strip_prefix(root()).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    generated.sort();
+    for input in real_inputs().into_iter().chain(generated) {
         let job = Job::read(&JobOptions::new([root().join(&input)])).unwrap();
         for tl in &job.timelines {
             for dev in tl.devices.iter().filter(|d| !d.events.is_empty()) {
@@ -457,5 +470,5 @@ fn skipping_repeated_windows_changes_no_outcome_on_any_real_trace() {
         }
     }
     eprintln!("{traces} traces; windows skipped in {}: {skipped_in:?}", skipped_in.len());
-    assert!(skipped_in.len() >= 5, "the skip was exercised on {} traces only: {skipped_in:?}", skipped_in.len());
+    assert!(skipped_in.len() >= 8, "the skip was exercised on {} traces only: {skipped_in:?}", skipped_in.len());
 }

@@ -180,6 +180,9 @@ struct Layout {
 /// How many boundaries back a state may come again: an allocator can settle into a cycle of a few layouts (two
 /// buffers used in turn) rather than one.
 const CYCLE_AT_MOST: usize = 4;
+/// Layouts compared in one repeat before it is given up: one that has not settled by then (a ring of more buffers
+/// than a cycle holds, addresses that drift) would cost a comparison per window for nothing.
+const COMPARISONS_AT_MOST: u32 = 2 * CYCLE_AT_MOST as u32;
 
 /// Skips the windows of a repeat once a boundary finds the allocator as it was at one of the last few: the windows
 /// left go round the same cycle, and the last one's live requests sit where the matching window's did.
@@ -189,6 +192,7 @@ struct Skipper {
     at: usize,
     boundary: Option<usize>,
     recent: Vec<Mark>,
+    compared: u32,
 }
 
 impl Skipper {
@@ -220,7 +224,8 @@ impl Skipper {
         let mut mark = Mark { counters, layout: None };
         let window = i - period..i;
         let mut skip_to = None;
-        if self.recent.iter().any(|m| m.counters == counters) {
+        if self.compared < COMPARISONS_AT_MOST && self.recent.iter().any(|m| m.counters == counters) {
+            self.compared += 1;
             let live: Vec<(u32, u64)> = w.ops[window.clone()]
                 .iter()
                 .enumerate()
@@ -257,6 +262,7 @@ impl Skipper {
             self.at += 1;
             self.boundary = None;
             self.recent.clear();
+            self.compared = 0;
             return skip_to;
         }
         self.boundary = Some(next);

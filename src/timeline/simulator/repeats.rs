@@ -198,6 +198,19 @@ mod tests {
     }
 
     #[test]
+    fn a_ring_of_more_buffers_than_a_cycle_holds_is_simulated_op_by_op_alike() {
+        let mut p = Program::default();
+        let mut ring: std::collections::VecDeque<u32> = (0..6).map(|_| p.alloc(50 * MIB)).collect();
+        for _ in 0..300 {
+            let next = p.alloc(50 * MIB);
+            p.free(ring.pop_front().unwrap());
+            ring.push_back(next);
+        }
+        let w = Workload::from_ops(p.ops);
+        same_either_way(&w, Config::default());
+    }
+
+    #[test]
     fn a_loop_that_keeps_something_each_step_is_never_skipped() {
         let mut p = Program::default();
         for _ in 0..40 {
