@@ -88,7 +88,9 @@ fn run(
     // Garbage collection ages cached blocks by a count that never repeats: its states are never alike.
     let gc = a.config().gc_threshold.is_some_and(|t| t > 0.0);
     let repeats = if gc || !skip_repeats { &[][..] } else { w.repeats() };
-    let mut skip = Skipper::default();
+    // Comparing layouts costs a pass over the blocks: at most a few such passes' worth of blocks per op of the
+    // workload are spent on it, whatever the repeats found.
+    let mut skip = Skipper { budget: 4 * w.ops.len() as u64, ..Skipper::default() };
     let mut i = 0;
     while i < w.ops.len() {
         if let Some(to) = skip.at(i, repeats, &a, &out, w, &mut blocks) {
@@ -193,6 +195,8 @@ struct Skipper {
     boundary: Option<usize>,
     recent: Vec<Mark>,
     compared: u32,
+    /// Blocks the layout comparisons may still go over.
+    budget: u64,
 }
 
 impl Skipper {
@@ -224,7 +228,8 @@ impl Skipper {
         let mut mark = Mark { counters, layout: None };
         let window = i - period..i;
         let mut skip_to = None;
-        if self.compared < COMPARISONS_AT_MOST && self.recent.iter().any(|m| m.counters == counters) {
+        if self.compared < COMPARISONS_AT_MOST && self.budget > 0 && self.recent.iter().any(|m| m.counters == counters)
+        {
             self.compared += 1;
             let live: Vec<(u32, u64)> = w.ops[window.clone()]
                 .iter()
@@ -236,7 +241,9 @@ impl Skipper {
                     _ => None,
                 })
                 .collect();
-            mark.layout = Some(Layout { blocks: a.layout(), window: live });
+            let blocks_now = a.layout();
+            self.budget = self.budget.saturating_sub(blocks_now.len() as u64);
+            mark.layout = Some(Layout { blocks: blocks_now, window: live });
             let cycle = (1..=self.recent.len()).find(|&c| self.recent[self.recent.len() - c] == mark);
             if let Some(c) = cycle {
                 let turns = (end - i) / (c * period);
