@@ -45,61 +45,62 @@ pub fn find(ops: &[Op], first_id: u32) -> Vec<Repeat> {
     let n = ops.len();
     // Each op's content; a free's is how many ops back its request was, and what cannot repeat (a free of a
     // block from the start, a release, the failed request) is unique.
-    let mut request_at: Vec<u32> = Vec::new();
+    let mut request_at: Vec<u32> = vec![u32::MAX; n];
     let mut content: Vec<u64> = Vec::with_capacity(n);
-    // The bytes the program holds before each op (the caller's sizes): a repeat of a window starts at the same
-    // point of the program's memory, which the layers of one pass, alike in their requests, do not.
-    let mut held_before: Vec<u64> = Vec::with_capacity(n);
-    let mut size_of: Vec<u64> = Vec::new();
+    // The anchors, each with the bytes the program holds there (the caller's sizes): a repeat of a window starts at
+    // the same point of the program's memory, which the layers of one pass, alike in their requests, do not.
+    let mut anchors: Vec<(u32, u64)> = Vec::with_capacity(n / ANCHOR_EVERY as usize * 2 + 1);
     let mut held = 0u64;
+    let request = |id: u32, request_at: &[u32]| -> Option<u32> {
+        let k = id.checked_sub(first_id)? as usize;
+        request_at.get(k).copied().filter(|&at| at != u32::MAX)
+    };
     for (i, op) in ops.iter().enumerate() {
-        held_before.push(held);
         let c = match *op {
             Op::Alloc { id, size, stream, pool, stack, .. } => {
-                let k = (id - first_id) as usize;
-                if request_at.len() <= k {
-                    request_at.resize(k + 1, u32::MAX);
-                    size_of.resize(k + 1, 0);
+                if let Some(slot) = id.checked_sub(first_id).and_then(|k| request_at.get_mut(k as usize)) {
+                    *slot = i as u32;
                 }
-                request_at[k] = i as u32;
-                size_of[k] = size;
-                held += size;
                 hash_of((0u8, size, stream, pool, stack))
             }
-            Op::Free { id, .. } => match id.checked_sub(first_id).and_then(|k| request_at.get(k as usize)) {
-                Some(&at) if at != u32::MAX => {
-                    held -= size_of[(id - first_id) as usize];
-                    hash_of((1u8, i as u32 - at))
-                }
-                _ => hash_of((2u8, i)),
+            Op::Free { id, .. } => match request(id, &request_at) {
+                Some(at) => hash_of((1u8, i as u32 - at)),
+                None => hash_of((2u8, i)),
             },
             _ => hash_of((3u8, i)),
         };
+        if c.is_multiple_of(ANCHOR_EVERY) || (i as u64).is_multiple_of(ANCHOR_EVERY) {
+            anchors.push((i as u32, held));
+        }
+        match *op {
+            Op::Alloc { size, .. } => held += size,
+            Op::Free { id, .. } => {
+                if let Some(Op::Alloc { size, .. }) = request(id, &request_at).map(|at| ops[at as usize]) {
+                    held -= size;
+                }
+            }
+            _ => {}
+        }
         content.push(c);
     }
     // How far back the request a free at `x` frees, where it is one of the workload's own.
     let back = |x: usize| -> Option<u32> {
         match ops[x] {
-            Op::Free { id, .. } => {
-                let k = id.checked_sub(first_id)? as usize;
-                request_at.get(k).filter(|&&at| at != u32::MAX).map(|&at| x as u32 - at)
-            }
+            Op::Free { id, .. } => request(id, &request_at).map(|at| x as u32 - at),
             _ => None,
         }
     };
     let mut out = Vec::new();
     let mut seen: FxHashMap<(u64, u64), usize> = FxHashMap::default();
-    let mut i = 0;
-    while i + ANCHOR_SPAN <= n {
-        if !content[i].is_multiple_of(ANCHOR_EVERY) && !(i as u64).is_multiple_of(ANCHOR_EVERY) {
-            i += 1;
+    // Anchors before this op are passed over: inside a repeat found, or a run already compared.
+    let mut from = 0;
+    for &(i, held) in &anchors {
+        let i = i as usize;
+        if i < from || i + ANCHOR_SPAN > n {
             continue;
         }
-        let key = (hash_of(&content[i..i + ANCHOR_SPAN]), held_before[i]);
-        let Some(j) = seen.insert(key, i) else {
-            i += 1;
-            continue;
-        };
+        let key = (hash_of(&content[i..i + ANCHOR_SPAN]), held);
+        let Some(j) = seen.insert(key, i) else { continue };
         let period = i - j;
         // The windows from j on, as long as each op equals the one a period before and each free frees a request of
         // its own window or the one before.
@@ -114,12 +115,12 @@ pub fn find(ops: &[Op], first_id: u32) -> Vec<Repeat> {
         if windows == 0 {
             // A repeat of another period starting before x would meet the same mismatch at x (or one the width
             // of a window's phase apart): look on from there, or the same ops are compared again and again.
-            i = x.max(i + 1);
+            from = x;
             continue;
         }
         let r = Repeat { start: j as u32, period: period as u32, windows };
         out.push(r);
-        i = r.end() as usize;
+        from = r.end() as usize;
         seen.clear();
     }
     out
