@@ -46,6 +46,15 @@ fn main() {
             .collect();
         times.sort();
         println!("simulation, as recorded: best {} median {}", ms(times[0]), ms(median(times)));
+        let mut times: Vec<_> = (0..20)
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(simulator::Workload::from_trace(&replay));
+                t.elapsed()
+            })
+            .collect();
+        times.sort();
+        println!("  the workload alone: best {} median {}", ms(times[0]), ms(median(times)));
         let t = Instant::now();
         let found = std::hint::black_box(simulator::repeats::find(&w.ops, w.first_id));
         println!("  finding the repeats: {}", ms(t.elapsed()));
