@@ -12,7 +12,8 @@
 //! The simulations print how many ops they skipped; SIM_ONLY also checks the outcome against op by op.
 //!
 //! With SIM_ONLY set, it simulates the recorded settings 20 times and says only the best and median: a run for a
-//! profiler.
+//! profiler. With AUTO_ONLY set, it runs the verdict's automatic what-ifs 30 times, each one's time on stderr: the
+//! same, for them.
 
 mod common;
 
@@ -62,6 +63,12 @@ fn main() {
         let r = w.repeats();
         let covered: u64 = r.iter().map(|r| (r.end() - r.start) as u64).sum();
         println!("  {} repeats covering {} of {} ops", r.len(), covered, w.ops.len());
+        let t = Instant::now();
+        let found = std::hint::black_box(simulator::passes::Passes::find(&w.ops, w.first_id));
+        println!("  finding the windows that give back all they take: {}", ms(t.elapsed()));
+        let covered: u32 = found.list.iter().map(|p| p.end - p.start).sum();
+        let kinds: std::collections::HashSet<u32> = found.list.iter().map(|p| p.kind).collect();
+        println!("  {} such windows covering {covered} ops, of {} kinds", found.list.len(), kinds.len());
         let mut times: Vec<_> = (0..5)
             .map(|_| {
                 let t = Instant::now();
@@ -75,8 +82,9 @@ fn main() {
         println!("simulation op by op: best {} median {}", ms(times[0]), ms(median(times)));
         let mut skipping = simulator::simulate(&w, base.clone(), true);
         let skipped = std::mem::take(&mut skipping.ops_skipped);
+        let passed = std::mem::take(&mut skipping.ops_passed_over);
         let same = skipping == simulator::simulate_every_op(&w, base.clone(), true, |_, _| simulator::Edit::Keep);
-        println!("  {skipped} ops skipped; the same outcome as op by op: {same}");
+        println!("  {skipped} ops skipped ({passed} in windows passed over); the same outcome as op by op: {same}");
         return;
     }
     let analysis = median(
@@ -98,7 +106,7 @@ fn main() {
             .map(|_| {
                 let t = Instant::now();
                 let w = simulator::Workload::from_trace(&replay);
-                std::hint::black_box(w.repeats());
+                std::hint::black_box(w.structure());
                 let d = t.elapsed();
                 drop(w);
                 d
@@ -112,7 +120,7 @@ fn main() {
     split.rules.max_split_size = Some(512 << 20);
     println!("{path}: {} trace entries, {} requests and frees", dev.events.len(), w.ops.len());
     println!("  analysis (the whole report)      {}", ms(analysis));
-    println!("  workload from the trace          {}   (its requests, and where they repeat)", ms(workload));
+    println!("  workload from the trace          {}   (its requests, where they repeat, the windows that give back all they take)", ms(workload));
     // The verdict's automatic what-ifs at an OOM, at their most: expandable segments refuted then max_split_size,
     // and a leak left out then a smaller batch, on two cores (capacity: the recorded peak, so the chains run long).
     let cats = oomdoc::analysis::categories::Categorizer::builtin();
@@ -120,6 +128,15 @@ fn main() {
     let cap_at_peak = whatif::Capacity { bytes: Some(replay.peak_reserved.0), ..cap.clone() };
     let leak: Vec<_> =
         dev.events.iter().filter(|e| e.action == oomdoc::timeline::Action::Alloc).map(|e| e.stack).take(3).collect();
+    if std::env::var_os("AUTO_ONLY").is_some() {
+        for _ in 0..30 {
+            let mut cache = oomdoc::analysis::categories::CategoryCache::new(&cats, tl);
+            let t = Instant::now();
+            std::hint::black_box(whatif::remedies(tl, dev, &replay, &cap_at_peak, &case(&leak, None), &mut cache));
+            eprintln!("{}", ms(t.elapsed()));
+        }
+        return;
+    }
     let automatic = median(
         (0..rounds)
             .map(|_| {

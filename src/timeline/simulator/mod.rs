@@ -3,11 +3,16 @@
 //! an edited workload (what-ifs). The replay beside it (`replay.rs`) follows the recorded addresses and cannot.
 
 pub mod allocator;
+pub mod passes;
+#[cfg(test)]
+mod program;
 pub mod repeats;
 pub mod workload;
 
 pub use allocator::{Allocator, Config, SegmentEvent};
 pub use workload::{Edit, Op, StartSegment, Workload};
+
+use rustc_hash::FxHashMap;
 
 use super::Action;
 
@@ -33,6 +38,8 @@ pub struct Outcome {
     pub empty_caches: usize,
     /// Ops not simulated one by one: windows of a repeat that would have left the allocator as it found it.
     pub ops_skipped: u64,
+    /// Of those, the ops of windows that give back all they take, passed over as an alike one was simulated.
+    pub ops_passed_over: u64,
 }
 
 impl Outcome {
@@ -87,16 +94,31 @@ fn run(
     let mut released = false;
     // Garbage collection ages cached blocks by a count that never repeats: its states are never alike.
     let gc = a.config().gc_threshold.is_some_and(|t| t > 0.0);
-    let repeats = if gc || !skip_repeats { &[][..] } else { w.repeats() };
+    let (repeats, passes) = match gc || !skip_repeats {
+        true => (&[][..], None),
+        false => {
+            let (r, p) = w.structure();
+            (r, Some(p))
+        }
+    };
     // Comparing layouts costs a pass over the blocks: at most a few such passes' worth of blocks per op of the
     // workload are spent on it, whatever the repeats found.
     let mut skip = Skipper { budget: 4 * w.ops.len() as u64, ..Skipper::default() };
+    let mut memo = passes.map(|p| Memo::new(&p.list, w.ops.len() as u64));
     let mut i = 0;
     while i < w.ops.len() {
         if let Some(to) = skip.at(i, repeats, &a, &out, w, &mut blocks) {
             out.ops_skipped += (to - i) as u64;
             i = to;
             continue;
+        }
+        if let Some(m) = memo.as_mut().filter(|m| m.due(i)) {
+            if let Some(to) = m.at(i, &a, out.failures, released) {
+                out.ops_skipped += (to - i) as u64;
+                out.ops_passed_over += (to - i) as u64;
+                i = to;
+                continue;
+            }
         }
         let op = &w.ops[i];
         i += 1;
@@ -210,13 +232,31 @@ impl Skipper {
         w: &Workload,
         blocks: &mut [u32],
     ) -> Option<usize> {
-        let b = match self.boundary {
-            Some(b) => b,
-            None => {
-                let r = repeats.get(self.at)?;
-                let first = (r.start + r.period) as usize;
-                self.boundary = Some(first);
-                first
+        let b = loop {
+            let b = match self.boundary {
+                Some(b) => b,
+                None => {
+                    let r = repeats.get(self.at)?;
+                    let first = (r.start + r.period) as usize;
+                    self.boundary = Some(first);
+                    first
+                }
+            };
+            if b >= i {
+                break b;
+            }
+            // A window passed over by the memo went past this boundary: the states kept are no longer the last
+            // few boundaries', and the next boundary is the first one ahead.
+            let r = repeats[self.at];
+            let period = r.period as usize;
+            let next = b + (i - b).div_ceil(period) * period;
+            self.recent.clear();
+            if next + period > r.end() as usize {
+                self.at += 1;
+                self.boundary = None;
+                self.compared = 0;
+            } else {
+                self.boundary = Some(next);
             }
         };
         if i != b {
@@ -277,6 +317,112 @@ impl Skipper {
             self.recent.remove(0);
         }
         self.recent.push(mark);
+        None
+    }
+}
+
+/// Passes over a window that gives back all it takes (see [`passes`]) where one of its kind, simulated from the
+/// same state, left the allocator as it found it: the allocator is deterministic, so this one would too, and it
+/// reaches no peak the first did not.
+struct Memo<'w> {
+    passes: &'w [passes::Pass],
+    /// The next window, and where it starts.
+    next: usize,
+    next_start: usize,
+    /// The window being simulated: where it ends, its kind, the state it started from and the counters then.
+    open: Option<(usize, u32, u32, [u64; 5])>,
+    /// The layouts met, found by their hash.
+    layouts: Vec<Vec<[u64; 6]>>,
+    by_hash: FxHashMap<u64, Vec<u32>>,
+    /// (state, kind) of the windows that left a state as they found it.
+    unchanged: rustc_hash::FxHashSet<(u32, u32)>,
+    /// The state at an op already taken (a window's end is often the next one's start).
+    here: Option<(usize, u32)>,
+    /// Blocks the layouts may still go over, and blocks of layouts that may still be kept.
+    budget: u64,
+    room: u64,
+}
+
+impl<'w> Memo<'w> {
+    /// For a workload of `ops` ops: a few passes over the blocks per op are spent comparing layouts, and a quarter
+    /// block per op kept (a workload whose states never come again would otherwise keep every one).
+    fn new(passes: &'w [passes::Pass], ops: u64) -> Memo<'w> {
+        Memo {
+            passes,
+            next: 0,
+            next_start: passes.first().map_or(usize::MAX, |p| p.start as usize),
+            open: None,
+            layouts: Vec::new(),
+            by_hash: FxHashMap::default(),
+            unchanged: Default::default(),
+            here: None,
+            budget: 4 * ops,
+            room: ops / 4,
+        }
+    }
+
+    /// Whether op `i` starts or ends a window (or one was passed by a skip).
+    #[inline]
+    fn due(&self, i: usize) -> bool {
+        i >= self.next_start || self.open.is_some_and(|(end, ..)| i >= end)
+    }
+
+    /// The state of the allocator at op `i`, as an index into the layouts met; `None` once the budget is spent.
+    fn state(&mut self, i: usize, a: &Allocator) -> Option<u32> {
+        if let Some((at, s)) = self.here {
+            if at == i {
+                return Some(s);
+            }
+        }
+        if self.budget == 0 {
+            return None;
+        }
+        let layout = a.layout();
+        self.budget = self.budget.saturating_sub(layout.len() as u64);
+        let mut h = rustc_hash::FxHasher::default();
+        std::hash::Hash::hash(&layout, &mut h);
+        let ids = self.by_hash.entry(std::hash::Hasher::finish(&h)).or_default();
+        let s = match ids.iter().find(|&&s| self.layouts[s as usize] == layout) {
+            Some(&s) => s,
+            None if layout.len() as u64 <= self.room => {
+                self.room -= layout.len() as u64;
+                self.layouts.push(layout);
+                ids.push(self.layouts.len() as u32 - 1);
+                self.layouts.len() as u32 - 1
+            }
+            None => return None,
+        };
+        self.here = Some((i, s));
+        Some(s)
+    }
+
+    /// At op `i`: where to go on from, if the window starting here can be passed over.
+    fn at(&mut self, i: usize, a: &Allocator, failures: usize, released: bool) -> Option<usize> {
+        let counters = [a.reserved, a.allocated, a.segment_changes, a.pools() as u64, failures as u64];
+        if let Some((end, kind, from, then)) = self.open {
+            if i >= end {
+                self.open = None;
+                // One whose end a skip went past ended in a state not seen.
+                if end == i && then == counters && self.state(i, a) == Some(from) {
+                    self.unchanged.insert((from, kind));
+                }
+            }
+        }
+        while self.next < self.passes.len() && (self.passes[self.next].start as usize) < i {
+            self.next += 1;
+        }
+        self.next_start = self.passes.get(self.next).map_or(usize::MAX, |p| p.start as usize);
+        if self.next_start != i || released {
+            return None;
+        }
+        let pass = self.passes[self.next];
+        let state = self.state(i, a)?;
+        if self.unchanged.contains(&(state, pass.kind)) {
+            // The state is the same at its end.
+            self.here = Some((pass.end as usize, state));
+            return Some(pass.end as usize);
+        }
+        self.open = Some((pass.end as usize, pass.kind, state, counters));
         None
     }
 }

@@ -128,37 +128,8 @@ pub fn find(ops: &[Op], first_id: u32) -> Vec<Repeat> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{simulate, simulate_every_op, Config, Edit, Op, Workload};
-
-    const MIB: u64 = 1 << 20;
-
-    /// Ops written as a program: `alloc(size)` returns the request's id.
-    #[derive(Default)]
-    struct Program {
-        ops: Vec<Op>,
-        next: u32,
-    }
-
-    impl Program {
-        fn alloc(&mut self, size: u64) -> u32 {
-            let id = self.next;
-            self.next += 1;
-            self.ops.push(Op::Alloc { id, size, stream: 0, pool: (0, 0), event: self.ops.len() as u32, stack: 1 });
-            id
-        }
-        fn free(&mut self, id: u32) {
-            self.ops.push(Op::Free { id, event: self.ops.len() as u32 });
-        }
-    }
-
-    fn same_either_way(w: &Workload, cfg: Config) -> u64 {
-        let mut fast = simulate(w, cfg.clone(), true);
-        let slow = simulate_every_op(w, cfg, true, |_, _| Edit::Keep);
-        let skipped = fast.ops_skipped;
-        fast.ops_skipped = 0;
-        assert_eq!(fast, slow);
-        skipped
-    }
+    use super::super::program::{same_either_way, Program, MIB};
+    use super::super::{Config, Workload};
 
     #[test]
     fn a_steady_loop_is_one_repeat_and_its_windows_are_skipped() {
@@ -177,7 +148,7 @@ mod tests {
         assert_eq!(r.len(), 1, "{r:?}");
         assert_eq!(r[0].period, 6);
         assert!(r[0].end() as usize >= w.ops.len() - 6 * 2);
-        let skipped = same_either_way(&w, Config::default());
+        let (skipped, _) = same_either_way(&w, Config::default());
         assert!(skipped >= 40 * 6, "{skipped} ops skipped");
         // Under a capacity the loop cannot hold, every window fails alike: nothing is skipped past a failure.
         let tight = Config { capacity: Some(100 * MIB), ..Config::default() };
@@ -195,7 +166,7 @@ mod tests {
         }
         let w = Workload::from_ops(p.ops);
         assert!(!w.repeats().is_empty());
-        assert!(same_either_way(&w, Config::default()) > 0);
+        assert!(same_either_way(&w, Config::default()).0 > 0);
     }
 
     #[test]
@@ -221,6 +192,6 @@ mod tests {
             let _ = kept;
         }
         let w = Workload::from_ops(p.ops);
-        assert_eq!(same_either_way(&w, Config::default()), 0);
+        assert_eq!(same_either_way(&w, Config::default()).0, 0);
     }
 }

@@ -100,6 +100,8 @@ pub struct Workload {
     ids: u32,
     /// Where the ops repeat, found on first use (every simulation of the workload shares it).
     repeats: std::sync::OnceLock<Vec<super::repeats::Repeat>>,
+    /// The windows that give back all they take, found on first use.
+    passes: std::sync::OnceLock<super::passes::Passes>,
 }
 
 impl Workload {
@@ -145,6 +147,9 @@ impl Workload {
         }
         w.first_id = next_id;
         let events = &dev.events;
+        // At most one op per event: reserved once, the ops are never moved as they grow (a 1M-entry trace's are
+        // tens of MB).
+        w.ops.reserve_exact(events.len());
         let mut i = 0;
         while i < events.len() {
             let e = &events[i];
@@ -218,6 +223,26 @@ impl Workload {
     /// The stretches where a window of ops repeats (see [`super::repeats`]).
     pub fn repeats(&self) -> &[super::repeats::Repeat] {
         self.repeats.get_or_init(|| super::repeats::find(&self.ops, self.first_id))
+    }
+
+    /// Where the ops repeat and the windows that give back all they take, found on two cores where not yet found
+    /// (simulations need both, and each search is a pass over the ops).
+    pub fn structure(&self) -> (&[super::repeats::Repeat], &super::passes::Passes) {
+        if self.repeats.get().is_none() || self.passes.get().is_none() {
+            std::thread::scope(|s| {
+                let passes = crate::threads::beside(s, || {
+                    self.passes();
+                });
+                self.repeats();
+                passes();
+            });
+        }
+        (self.repeats(), self.passes())
+    }
+
+    /// The windows that give back all they take (see [`super::passes`]).
+    pub fn passes(&self) -> &super::passes::Passes {
+        self.passes.get_or_init(|| super::passes::Passes::find(&self.ops, self.first_id))
     }
 
     /// The requests in force: how many ids the workload uses.
