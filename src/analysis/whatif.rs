@@ -739,13 +739,17 @@ pub fn remedies(
     // No allocator setting packs the live tensors and the request into less than their sum: past the most the
     // process could hold, the settings are not tried.
     let settings_hopeless = need.is_some_and(|n| n > cap.at_most.or(cap.bytes).unwrap_or(u64::MAX));
-    let (cat_of, has) = request_categories(tl, dev, cats);
+    // The requests' categories (a pass over the events) beside the workload (another).
+    let (plain, (cat_of, has)) = std::thread::scope(|s| {
+        let categories = crate::threads::beside(s, || request_categories(tl, dev, cats));
+        let plain = Workload::from_trace(replay);
+        (plain, categories())
+    });
     let index = category_index;
     let is = |stack: crate::timeline::stacks::StackId, c: usize| cat_of.get(stack as usize) == Some(&(c as u8));
     let scalable =
         holder.filter(|c| ["activation", "temporary", "kv_cache"].contains(c)).and_then(index).filter(|&i| has[i]);
     let leak: rustc_hash::FxHashSet<_> = leak.iter().copied().collect();
-    let plain = Workload::from_trace(replay);
     let exact = !plain.rebuilt_start;
     let sim = |knob: Knob, capacity: Option<u64>| -> (Outcome, Config) {
         let mut cfg = base.clone();

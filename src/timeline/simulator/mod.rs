@@ -10,7 +10,7 @@ pub mod repeats;
 pub mod workload;
 
 pub use allocator::{Allocator, Config, SegmentEvent};
-pub use workload::{Edit, Op, StartSegment, Workload};
+pub use workload::{Edit, Op, PoolRef, StartSegment, Workload};
 
 use rustc_hash::FxHashMap;
 
@@ -125,6 +125,7 @@ fn run(
         a.at_op(i as u32 - 1);
         match *op {
             Op::Alloc { id, size, stream, pool, event, stack } => {
+                let (stream, pool) = (stream as u64, w.pools[pool as usize]);
                 let size = match edit(stack, size) {
                     Edit::Keep => size,
                     Edit::Resize(s) => s,
@@ -167,6 +168,7 @@ fn run(
                 a.release_cached()
             }
             Op::Failed { size, stream, pool, event } => {
+                let (stream, pool) = (stream as u64, w.pools[pool as usize]);
                 // The request that raised the OOM; if it fits here it stays held (its free is not in the trace).
                 let served = a.malloc(size, stream, pool).is_some();
                 out.oom_request_fits = Some(out.oom_request_fits.unwrap_or(true) && served);

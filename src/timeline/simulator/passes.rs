@@ -23,8 +23,8 @@ pub struct Pass {
 enum Asked {
     Request {
         size: u64,
-        stream: u64,
-        pool: (i64, i64),
+        stream: u32,
+        pool: u32,
         stack: u32,
     },
     /// How many ops back the freed request was made.

@@ -15,7 +15,7 @@ impl Program {
     pub fn alloc(&mut self, size: u64) -> u32 {
         let id = self.next;
         self.next += 1;
-        self.ops.push(Op::Alloc { id, size, stream: 0, pool: (0, 0), event: self.ops.len() as u32, stack: 1 });
+        self.ops.push(Op::Alloc { id, size, stream: 0, pool: 0, event: self.ops.len() as u32, stack: 1 });
         id
     }
 

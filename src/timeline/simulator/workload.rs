@@ -17,8 +17,8 @@ pub enum Op {
     Alloc {
         id: u32,
         size: u64,
-        stream: u64,
-        pool: (i64, i64),
+        stream: u32,
+        pool: PoolRef,
         event: u32,
         stack: StackId,
     },
@@ -39,11 +39,15 @@ pub enum Op {
     /// The request that raised out-of-memory (rounded size, as the trace records it).
     Failed {
         size: u64,
-        stream: u64,
-        pool: (i64, i64),
+        stream: u32,
+        pool: PoolRef,
         event: u32,
     },
 }
+
+/// A request's pool as an index into [`Workload::pools`] (0: the default pools), so that an op takes 32 bytes: a
+/// 1M-entry trace's ops are written once and read by every pass over them.
+pub type PoolRef = u32;
 
 impl Op {
     pub fn event(&self) -> u32 {
@@ -94,6 +98,8 @@ pub struct Workload {
     pub addresses_descend: bool,
     /// The trace's streams in the order of their handles: an op's or segment's stream is its index here.
     pub streams: Vec<u64>,
+    /// The pools the ops name (see [`PoolRef`]): the default pools' `(0, 0)` first, then each private pool's id.
+    pub pools: Vec<(i64, i64)>,
     /// Frees of blocks the workload never saw allocated (skipped).
     pub unmatched_frees: usize,
     /// Ids in use: the start's and the requests'.
@@ -118,6 +124,17 @@ impl Workload {
         streams.dedup();
         let rank: FxHashMap<u64, u64> = streams.iter().enumerate().map(|(i, &s)| (s, i as u64)).collect();
         w.streams = streams;
+        w.pools.push((0, 0));
+        let mut pool_ref: FxHashMap<(i64, i64), PoolRef> = FxHashMap::default();
+        let mut pool_of = |id: Option<(i64, i64)>, pools: &mut Vec<(i64, i64)>| -> PoolRef {
+            match id {
+                None | Some((0, 0)) => 0,
+                Some(id) => *pool_ref.entry(id).or_insert_with(|| {
+                    pools.push(id);
+                    pools.len() as PoolRef - 1
+                }),
+            }
+        };
         let mut addresses: FxHashMap<u64, Vec<u64>> = FxHashMap::default();
         let mut in_order: Vec<u64> = Vec::new();
         let mut live: FxHashMap<u64, u32> = FxHashMap::default();
@@ -161,8 +178,8 @@ impl Workload {
                     w.ops.push(Op::Alloc {
                         id: next_id,
                         size: e.size,
-                        stream: rank[&attrs.stream],
-                        pool: attrs.pool_id().unwrap_or((0, 0)),
+                        stream: rank[&attrs.stream] as u32,
+                        pool: pool_of(attrs.pool_id(), &mut w.pools),
                         event: at,
                         stack: e.stack,
                     });
@@ -195,8 +212,8 @@ impl Workload {
                 }
                 Action::Oom => w.ops.push(Op::Failed {
                     size: e.size,
-                    stream: rank[&attrs.stream],
-                    pool: attrs.pool_id().unwrap_or((0, 0)),
+                    stream: rank[&attrs.stream] as u32,
+                    pool: pool_of(attrs.pool_id(), &mut w.pools),
                     event: at,
                 }),
                 Action::SegmentMap
@@ -217,7 +234,7 @@ impl Workload {
     /// A workload of these ops on an empty device (ids numbered from 0).
     pub fn from_ops(ops: Vec<Op>) -> Workload {
         let ids = ops.iter().filter_map(|o| if let Op::Alloc { id, .. } = o { Some(id + 1) } else { None }).max();
-        Workload { ops, ids: ids.unwrap_or(0), ..Default::default() }
+        Workload { ops, ids: ids.unwrap_or(0), pools: vec![(0, 0)], ..Default::default() }
     }
 
     /// The stretches where a window of ops repeats (see [`super::repeats`]).
