@@ -47,6 +47,9 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 STACK_DEPTH = 37         # frames per stack (--depth); tuned so 1M unshared entries are ~760 MB
 VARIANTS_PER_SITE = 30  # stack variants per (kind, context, op); tuned so ~2,000 stacks are used
 PYTHON_STACKS = False   # --stacks python: what _record_memory_history(stacks="python") records
+# --carry-batch: each step's inputs are freed when the next step's are made (`x = batch.to(device)` in the loop),
+# not after the backward, so some request is carried across every step boundary
+CARRY_BATCH = False
 
 # ----------------------------------------------------------------------------------------------------------
 # Frames
@@ -457,6 +460,7 @@ def program(rng, pool):
         yield ("a", t)
     exp_avg, exp_avg_sq = {}, {}
     step = 0
+    carried = []
     while True:
         step += 1
         S = rng.choice(range(640, 1025, 64))
@@ -473,6 +477,10 @@ def program(rng, pool):
             t = A(Tn * 8, "data", "_to_copy", nm)
             batch.append(t)
             yield out(t)
+        if CARRY_BATCH:
+            for t, nm in zip(carried, ("input_ids", "labels", "attention_mask")):
+                yield Fr(t, "data", nm)
+            carried = batch
         # --- forward
         saved = []  # (tensor, layer) freed in backward
         h = A(act, "embed", "embedding", "embed")
@@ -584,7 +592,7 @@ def program(rng, pool):
         yield out(tw)
         head_saved = sv + [h, hn, logits, ls, tw]
         if ev[0]:
-            for t in head_saved + [loss, cos, sin] + batch:
+            for t in head_saved + [loss, cos, sin] + ([] if CARRY_BATCH else batch):
                 yield Fr(t, "loss", "eval_end")
             continue
 
@@ -738,7 +746,7 @@ def program(rng, pool):
         yield Fr(gh, "backward", "embed_gy", "EmbeddingBackward0")
         for t, nm in ((cos, "cos"), (sin, "sin")):
             yield Fr(t, "backward", nm, "EmbeddingBackward0")
-        for t, nm in zip(batch, ("input_ids", "labels", "attention_mask")):
+        for t, nm in zip([] if CARRY_BATCH else batch, ("input_ids", "labels", "attention_mask")):
             yield Fr(t, "data", nm)
 
         # --- clip_grad_norm_
@@ -1487,7 +1495,7 @@ def verify(path):
 
 
 def main():
-    global STACK_DEPTH, PYTHON_STACKS, EXTRA_KEY
+    global STACK_DEPTH, PYTHON_STACKS, EXTRA_KEY, CARRY_BATCH
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--entries", type=int)
     ap.add_argument("--variant", choices=["real", "shared", "unshared"])
@@ -1503,6 +1511,9 @@ def main():
     ap.add_argument("--wrap", type=float, default=0.0, metavar="FRACTION",
                     help="a ring buffer that wrapped: the run is longer than the trace kept by this fraction of it "
                          "(0.5: the trace is the second half of the run), as max_entries makes on any long run")
+    ap.add_argument("--carry-batch", action="store_true",
+                    help="free each step's inputs when the next step's are made, as `x = batch.to(device)` in a "
+                         "loop does, rather than after the backward: a request is held across every step boundary")
     ap.add_argument("--extra-key", metavar="NAME",
                     help="add a key no torch writes to every trace entry, its value a str that differs on each "
                          "(for the reader's test that such a drift is caught)")
@@ -1525,6 +1536,7 @@ def main():
         ap.error("--depth must be within 16..38")
     STACK_DEPTH = a.depth
     EXTRA_KEY = a.extra_key
+    CARRY_BATCH = a.carry_batch
     if EXTRA_KEY and a.variant == "unshared":
         ap.error("--extra-key needs the pickle writer (--variant real or shared)")
     d = os.path.dirname(os.path.abspath(a.output))
