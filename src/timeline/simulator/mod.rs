@@ -125,7 +125,7 @@ fn run(
         a.at_op(i as u32 - 1);
         match *op {
             Op::Alloc { id, size, stream, pool, event, stack } => {
-                let (stream, pool) = (stream as u64, w.pools[pool as usize]);
+                let (stream, pool) = (stream as u64, w.pool(pool));
                 let size = match edit(stack, size) {
                     Edit::Keep => size,
                     Edit::Resize(s) => s,
@@ -168,7 +168,7 @@ fn run(
                 a.release_cached()
             }
             Op::Failed { size, stream, pool, event } => {
-                let (stream, pool) = (stream as u64, w.pools[pool as usize]);
+                let (stream, pool) = (stream as u64, w.pool(pool));
                 // The request that raised the OOM; if it fits here it stays held (its free is not in the trace).
                 let served = a.malloc(size, stream, pool).is_some();
                 out.oom_request_fits = Some(out.oom_request_fits.unwrap_or(true) && served);
@@ -253,7 +253,7 @@ impl Skipper {
             let period = r.period as usize;
             let next = b + (i - b).div_ceil(period) * period;
             self.recent.clear();
-            if next + period > r.end() as usize {
+            if next > r.end() as usize {
                 self.at += 1;
                 self.boundary = None;
                 self.compared = 0;
@@ -383,14 +383,16 @@ impl<'w> Memo<'w> {
         self.budget = self.budget.saturating_sub(layout.len() as u64);
         let mut h = rustc_hash::FxHasher::default();
         std::hash::Hash::hash(&layout, &mut h);
-        let ids = self.by_hash.entry(std::hash::Hasher::finish(&h)).or_default();
-        let s = match ids.iter().find(|&&s| self.layouts[s as usize] == layout) {
+        let h = std::hash::Hasher::finish(&h);
+        let met = self.by_hash.get(&h).and_then(|ids| ids.iter().find(|&&s| self.layouts[s as usize] == layout));
+        let s = match met {
             Some(&s) => s,
             None if layout.len() as u64 <= self.room => {
                 self.room -= layout.len() as u64;
                 self.layouts.push(layout);
-                ids.push(self.layouts.len() as u32 - 1);
-                self.layouts.len() as u32 - 1
+                let s = self.layouts.len() as u32 - 1;
+                self.by_hash.entry(h).or_default().push(s);
+                s
             }
             None => return None,
         };

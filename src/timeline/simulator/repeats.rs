@@ -86,7 +86,8 @@ pub fn find(ops: &[Op], first_id: u32) -> Vec<Repeat> {
     // How far back the request a free at `x` frees, where it is one of the workload's own.
     let back = |x: usize| -> Option<u32> {
         match ops[x] {
-            Op::Free { id, .. } => request(id, &request_at).map(|at| x as u32 - at),
+            // A request made after its free (ids reused in a hand-made workload) is not this free's.
+            Op::Free { id, .. } => request(id, &request_at).and_then(|at| (x as u32).checked_sub(at)),
             _ => None,
         }
     };

@@ -257,6 +257,11 @@ impl Workload {
         (self.repeats(), self.passes())
     }
 
+    /// The pool an op names (see [`PoolRef`]); the default pools for an index no pool has.
+    pub fn pool(&self, p: PoolRef) -> (i64, i64) {
+        self.pools.get(p as usize).copied().unwrap_or((0, 0))
+    }
+
     /// The windows that give back all they take (see [`super::passes`]).
     pub fn passes(&self) -> &super::passes::Passes {
         self.passes.get_or_init(|| super::passes::Passes::find(&self.ops, self.first_id))
