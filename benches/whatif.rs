@@ -64,11 +64,11 @@ fn main() {
         let covered: u64 = r.iter().map(|r| (r.end() - r.start) as u64).sum();
         println!("  {} repeats covering {} of {} ops", r.len(), covered, w.ops.len());
         let t = Instant::now();
-        let found = std::hint::black_box(simulator::passes::Passes::find(&w.ops, w.first_id));
+        let found = std::hint::black_box(simulator::passes::find(&w.ops, w.first_id));
         println!("  finding the windows that give back all they take: {}", ms(t.elapsed()));
-        let covered: u32 = found.list.iter().map(|p| p.end - p.start).sum();
-        let kinds: std::collections::HashSet<u32> = found.list.iter().map(|p| p.kind).collect();
-        println!("  {} such windows covering {covered} ops, of {} kinds", found.list.len(), kinds.len());
+        let covered: u32 = found.iter().map(|p| p.end - p.start).sum();
+        let kinds: std::collections::HashSet<u32> = found.iter().map(|p| p.kind).collect();
+        println!("  {} such windows covering {covered} ops, of {} kinds", found.len(), kinds.len());
         let mut times: Vec<_> = (0..5)
             .map(|_| {
                 let t = Instant::now();

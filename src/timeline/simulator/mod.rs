@@ -104,7 +104,7 @@ fn run(
     // Comparing layouts costs a pass over the blocks: at most a few such passes' worth of blocks per op of the
     // workload are spent on it, whatever the repeats found.
     let mut skip = Skipper { budget: 4 * w.ops.len() as u64, ..Skipper::default() };
-    let mut memo = passes.map(|p| Memo::new(&p.list, w.ops.len() as u64));
+    let mut memo = passes.map(|p| Memo::new(p, w.ops.len() as u64));
     let mut i = 0;
     while i < w.ops.len() {
         if let Some(to) = skip.at(i, repeats, &a, &out, w, &mut blocks) {

@@ -51,121 +51,113 @@ fn spread(id: u32) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The outermost windows of a workload that give back all they take (nearly all: see [`PAIRS`]), at least
-/// [`SHORTEST`] ops long, in order, each with its kind.
-#[derive(Clone, Debug, Default)]
-pub struct Passes {
-    pub list: Vec<Pass>,
-}
-
-impl Passes {
-    /// Finds them. `first_id` is the first request's id (lower ids were live at the start).
-    ///
-    /// A window `[j, i)` gives back all it takes when the set of requests held at `j` and at `i` is the same: the
-    /// sets are compared by the xor of their spread ids, which two sets share only by chance, so each window found
-    /// is then checked op by op, and compared op by op with the first of its content hash to be given its kind.
-    /// Windows nest (the layers of a pass, from a layer's forward to its backward); only the outermost are kept:
-    /// each inner one would be a state to compare, and where the window around it meets a new state, so mostly
-    /// do the ones inside it.
-    pub fn find(ops: &[Op], first_id: u32) -> Passes {
-        let mut request_at: Vec<u32> = Vec::with_capacity(ops.len() / 2 + 1);
-        // The set of requests held before each op (relative to the start's). A release or the failed request can be
-        // in no window: each makes the set one never seen before.
-        let mut held = 0u64;
-        let mut starts: Vec<(u64, u32)> = vec![(0, u32::MAX); 2 * PAIRS];
-        let mut found: Vec<(u32, u32)> = Vec::new();
-        for (i, op) in ops.iter().enumerate() {
-            match *op {
-                Op::Alloc { id, .. } => {
-                    // A window starts at a request and ends after a free. The pair's slot for this set, else an
-                    // empty one, else the older.
-                    let pair = &mut starts[2 * (held as usize % PAIRS)..][..2];
-                    let age = |k: usize| if pair[k].1 == u32::MAX { 0 } else { pair[k].1 as u64 + 1 };
-                    let slot = match (pair[0].0 == held, pair[1].0 == held) {
-                        (true, _) => 0,
-                        (_, true) => 1,
-                        _ => usize::from(age(1) < age(0)),
-                    };
-                    pair[slot] = (held, i as u32);
-                    held ^= spread(id);
-                    if let Some(k) = id.checked_sub(first_id) {
-                        let k = k as usize;
-                        if request_at.len() <= k {
-                            request_at.resize(k + 1, u32::MAX);
-                        }
-                        request_at[k] = i as u32;
+/// The outermost windows of `ops` that give back all they take (nearly all: see [`PAIRS`]), at least [`SHORTEST`]
+/// ops long, in order, each with its kind. `first_id` is the first request's id (lower ids were live at the start).
+///
+/// A window `[j, i)` gives back all it takes when the set of requests held at `j` and at `i` is the same: the sets
+/// are compared by the xor of their spread ids, which two sets share only by chance, so each window found is then
+/// checked op by op, and compared op by op with the first window of each kind of its length to be given its kind.
+/// Windows nest (the layers of a pass, from a layer's forward to its backward); only the outermost are kept: each
+/// inner one would be a state to compare, and where the window around it meets a new state, so mostly do the ones
+/// inside it.
+pub fn find(ops: &[Op], first_id: u32) -> Vec<Pass> {
+    let mut request_at: Vec<u32> = Vec::with_capacity(ops.len() / 2 + 1);
+    // The set of requests held before each op (relative to the start's). A release or the failed request can be
+    // in no window: each makes the set one never seen before.
+    let mut held = 0u64;
+    let mut starts: Vec<(u64, u32)> = vec![(0, u32::MAX); 2 * PAIRS];
+    let mut found: Vec<(u32, u32)> = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Alloc { id, .. } => {
+                // A window starts at a request and ends after a free. The pair's slot for this set, else an
+                // empty one, else the older.
+                let pair = &mut starts[2 * (held as usize % PAIRS)..][..2];
+                let age = |k: usize| if pair[k].1 == u32::MAX { 0 } else { pair[k].1 as u64 + 1 };
+                let slot = match (pair[0].0 == held, pair[1].0 == held) {
+                    (true, _) => 0,
+                    (_, true) => 1,
+                    _ => usize::from(age(1) < age(0)),
+                };
+                pair[slot] = (held, i as u32);
+                held ^= spread(id);
+                if let Some(k) = id.checked_sub(first_id) {
+                    let k = k as usize;
+                    if request_at.len() <= k {
+                        request_at.resize(k + 1, u32::MAX);
                     }
+                    request_at[k] = i as u32;
                 }
-                Op::Free { id, .. } => {
-                    held ^= spread(id);
-                    let pair = &starts[2 * (held as usize % PAIRS)..][..2];
-                    if let Some(&(_, j)) = pair.iter().find(|&&(set, at)| set == held && at != u32::MAX) {
-                        if i as u32 + 1 - j >= SHORTEST {
-                            found.push((j, i as u32 + 1));
-                        }
-                    }
-                }
-                _ => held ^= spread(u32::MAX - i as u32).rotate_left(17),
             }
+            Op::Free { id, .. } => {
+                held ^= spread(id);
+                let pair = &starts[2 * (held as usize % PAIRS)..][..2];
+                if let Some(&(_, j)) = pair.iter().find(|&&(set, at)| set == held && at != u32::MAX) {
+                    if i as u32 + 1 - j >= SHORTEST {
+                        found.push((j, i as u32 + 1));
+                    }
+                }
+            }
+            _ => held ^= spread(u32::MAX - i as u32).rotate_left(17),
         }
-        found.sort_unstable_by_key(|&(start, end)| (start, std::cmp::Reverse(end)));
-        let request = |id: u32| -> Option<u32> {
-            let k = id.checked_sub(first_id)? as usize;
-            request_at.get(k).copied().filter(|&at| at != u32::MAX)
-        };
-        // Each op as a window sees it; a free whose request the window does not hold is none.
-        let asked = |x: usize, start: u32| -> Option<Asked> {
-            match ops[x] {
-                Op::Alloc { size, stream, pool, stack, .. } => Some(Asked::Request { size, stream, pool, stack }),
-                Op::Free { id, .. } => {
-                    // The window's own request, made before the free (ids reused in a hand-made workload are not).
-                    let at = request(id).filter(|&at| at >= start && (at as usize) < x)?;
-                    Some(Asked::Free { back: x as u32 - at })
-                }
-                _ => None,
-            }
-        };
-        let mut list: Vec<Pass> = Vec::new();
-        // The first window of each kind, by length: a window is compared with those of its length (a few at most:
-        // steps of one shape are alike, and another shape is told apart within a few ops).
-        let mut kinds: FxHashMap<u32, Vec<usize>> = FxHashMap::default();
-        let mut reached = 0;
-        for (start, end) in found {
-            if start < reached {
-                continue;
-            }
-            let len = (end - start) as usize;
-            let firsts = kinds.entry(end - start).or_default();
-            let alike = firsts.iter().copied().find(|&k| {
-                let first = list[k].start as usize;
-                (0..len).all(|o| asked(first + o, first as u32) == asked(start as usize + o, start))
-            });
-            let kind = match alike {
-                Some(k) => list[k].kind,
-                None => {
-                    // A window of a new kind is checked on its own: each free frees a request of its own, and there
-                    // are as many frees as requests.
-                    let mut balance = Some(0i64);
-                    for x in start as usize..end as usize {
-                        let one = match asked(x, start) {
-                            Some(Asked::Request { .. }) => Some(1),
-                            Some(Asked::Free { .. }) => Some(-1),
-                            None => None,
-                        };
-                        balance = balance.zip(one).map(|(b, one)| b + one);
-                    }
-                    if balance != Some(0) || firsts.len() >= KINDS_OF_A_LENGTH {
-                        continue;
-                    }
-                    firsts.push(list.len());
-                    list.len() as u32
-                }
-            };
-            reached = end;
-            list.push(Pass { start, end, kind });
-        }
-        Passes { list }
     }
+    found.sort_unstable_by_key(|&(start, end)| (start, std::cmp::Reverse(end)));
+    let request = |id: u32| -> Option<u32> {
+        let k = id.checked_sub(first_id)? as usize;
+        request_at.get(k).copied().filter(|&at| at != u32::MAX)
+    };
+    // Each op as a window sees it; a free whose request the window does not hold is none.
+    let asked = |x: usize, start: u32| -> Option<Asked> {
+        match ops[x] {
+            Op::Alloc { size, stream, pool, stack, .. } => Some(Asked::Request { size, stream, pool, stack }),
+            Op::Free { id, .. } => {
+                // The window's own request, made before the free (ids reused in a hand-made workload are not).
+                let at = request(id).filter(|&at| at >= start && (at as usize) < x)?;
+                Some(Asked::Free { back: x as u32 - at })
+            }
+            _ => None,
+        }
+    };
+    let mut list: Vec<Pass> = Vec::new();
+    // The first window of each kind, by length: a window is compared with those of its length (a few at most:
+    // steps of one shape are alike, and another shape is told apart within a few ops).
+    let mut kinds: FxHashMap<u32, Vec<usize>> = FxHashMap::default();
+    let mut reached = 0;
+    for (start, end) in found {
+        if start < reached {
+            continue;
+        }
+        let len = (end - start) as usize;
+        let firsts = kinds.entry(end - start).or_default();
+        let alike = firsts.iter().copied().find(|&k| {
+            let first = list[k].start as usize;
+            (0..len).all(|o| asked(first + o, first as u32) == asked(start as usize + o, start))
+        });
+        let kind = match alike {
+            Some(k) => list[k].kind,
+            None => {
+                // A window of a new kind is checked on its own: each free frees a request of its own, and there
+                // are as many frees as requests.
+                let mut balance = Some(0i64);
+                for x in start as usize..end as usize {
+                    let one = match asked(x, start) {
+                        Some(Asked::Request { .. }) => Some(1),
+                        Some(Asked::Free { .. }) => Some(-1),
+                        None => None,
+                    };
+                    balance = balance.zip(one).map(|(b, one)| b + one);
+                }
+                if balance != Some(0) || firsts.len() >= KINDS_OF_A_LENGTH {
+                    continue;
+                }
+                firsts.push(list.len());
+                list.len() as u32
+            }
+        };
+        reached = end;
+        list.push(Pass { start, end, kind });
+    }
+    list
 }
 
 #[cfg(test)]
@@ -213,11 +205,11 @@ mod tests {
         let passes = w.passes();
         // Each step is a window (and inside it so is every stretch from a layer's forward to its backward, what the
         // layers before it saved held at both ends: not kept), of one kind per length.
-        assert_eq!(passes.list.len(), 40, "{:?}", &passes.list[..3]);
-        let kinds: std::collections::HashSet<u32> = passes.list.iter().map(|p| p.kind).collect();
+        assert_eq!(passes.len(), 40, "{:?}", &passes[..3]);
+        let kinds: std::collections::HashSet<u32> = passes.iter().map(|p| p.kind).collect();
         assert_eq!(kinds.len(), lengths);
-        for p in &passes.list {
-            let first = passes.list[p.kind as usize];
+        for p in passes {
+            let first = passes[p.kind as usize];
             let alike = |a: &Pass, b: &Pass| {
                 let size = |x: u32| match w.ops[x as usize] {
                     Op::Alloc { size, .. } => size,
@@ -227,7 +219,7 @@ mod tests {
                     && (0..a.end - a.start).all(|o| size(a.start + o) == size(b.start + o))
             };
             assert!(alike(&first, p));
-            assert!(passes.list.iter().filter(|q| q.kind != p.kind).all(|q| !alike(q, p)));
+            assert!(passes.iter().filter(|q| q.kind != p.kind).all(|q| !alike(q, p)));
         }
         let (skipped, passed) = same_either_way(&w, Config::default());
         assert!(passed > w.ops.len() as u64 / 2, "{passed} of {} ops passed over", w.ops.len());
@@ -257,7 +249,7 @@ mod tests {
             }
         }
         let w = Workload::from_ops(ops);
-        assert!(w.passes().list.len() <= 1, "{:?}", w.passes().list);
+        assert!(w.passes().len() <= 1, "{:?}", w.passes());
         same_either_way(&w, Config::default());
     }
 
@@ -268,12 +260,8 @@ mod tests {
         // and as every step leaves one more block the allocator is never in a state it was in before.
         let batches: Vec<usize> =
             (0..w.ops.len()).filter(|&i| matches!(w.ops[i], Op::Alloc { size, .. } if size < 2 * MIB)).collect();
-        assert!(!w.passes().list.is_empty());
-        assert!(w
-            .passes()
-            .list
-            .iter()
-            .all(|p| !batches.iter().any(|&b| (p.start as usize..p.end as usize).contains(&b))));
+        assert!(!w.passes().is_empty());
+        assert!(w.passes().iter().all(|p| !batches.iter().any(|&b| (p.start as usize..p.end as usize).contains(&b))));
         let (_, passed) = same_either_way(&w, Config::default());
         assert_eq!(passed, 0);
     }

@@ -107,7 +107,7 @@ pub struct Workload {
     /// Where the ops repeat, found on first use (every simulation of the workload shares it).
     repeats: std::sync::OnceLock<Vec<super::repeats::Repeat>>,
     /// The windows that give back all they take, found on first use.
-    passes: std::sync::OnceLock<super::passes::Passes>,
+    passes: std::sync::OnceLock<Vec<super::passes::Pass>>,
 }
 
 impl Workload {
@@ -244,7 +244,7 @@ impl Workload {
 
     /// Where the ops repeat and the windows that give back all they take, found on two cores where not yet found
     /// (simulations need both, and each search is a pass over the ops).
-    pub fn structure(&self) -> (&[super::repeats::Repeat], &super::passes::Passes) {
+    pub fn structure(&self) -> (&[super::repeats::Repeat], &[super::passes::Pass]) {
         if self.repeats.get().is_none() || self.passes.get().is_none() {
             std::thread::scope(|s| {
                 let passes = crate::threads::beside(s, || {
@@ -263,8 +263,8 @@ impl Workload {
     }
 
     /// The windows that give back all they take (see [`super::passes`]).
-    pub fn passes(&self) -> &super::passes::Passes {
-        self.passes.get_or_init(|| super::passes::Passes::find(&self.ops, self.first_id))
+    pub fn passes(&self) -> &[super::passes::Pass] {
+        self.passes.get_or_init(|| super::passes::find(&self.ops, self.first_id))
     }
 
     /// The requests in force: how many ids the workload uses.
