@@ -20,6 +20,7 @@ mod common;
 use std::time::Instant;
 
 use common::{median, ms, snapshot_arg};
+use oomdoc::analysis::facts::Site;
 use oomdoc::analysis::whatif;
 use oomdoc::job::{Job, JobOptions};
 use oomdoc::timeline::replay::Replay;
@@ -127,7 +128,7 @@ fn main() {
     let case = |leak, need| whatif::OomCase { holder: Some("activation"), leak, need };
     let cap_at_peak = whatif::Capacity { bytes: Some(replay.peak_reserved.0), ..cap.clone() };
     let leak: Vec<_> =
-        dev.events.iter().filter(|e| e.action == oomdoc::timeline::Action::Alloc).map(|e| e.stack).take(3).collect();
+        dev.events.iter().filter(|e| e.action == oomdoc::timeline::Action::Alloc).map(|e| Site::Stack(e.stack)).take(3).collect();
     if std::env::var_os("AUTO_ONLY").is_some() {
         for _ in 0..30 {
             let mut cache = oomdoc::analysis::categories::CategoryCache::new(&cats, tl);

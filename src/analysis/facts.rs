@@ -95,8 +95,8 @@ fn fmt_num(n: f64) -> String {
 #[derive(Clone, Debug, Default)]
 pub struct Facts {
     map: BTreeMap<String, Fact>,
-    /// The stacks whose live allocations accumulate (the leak), most growth first: what a what-if leaves out.
-    pub leak_stacks: Vec<StackId>,
+    /// The sites whose live allocations accumulate (the leak), most growth first: what a what-if leaves out.
+    pub leak_sites: Vec<Site>,
 }
 
 impl Facts {
@@ -625,27 +625,38 @@ fn iteration_peaks(f: &mut Facts, cx: &Ctx, steps: &[usize]) {
     );
 }
 
-/// Live bytes and counts per stack at chosen event indices (requested sizes; a block's rounding does not matter
-/// for growth).
-fn live_per_stack_at(
+/// What an allocation is followed by across the trace: the stack that made it, or, in a trace that recorded no frame
+/// at all (`context=None`), its size — a loop's line makes tensors of one size each pass, so a size stands in for
+/// the line (two lines of one size are taken for one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Site {
+    Stack(StackId),
+    Size(u64),
+}
+
+/// Live bytes and counts per site at chosen event indices (requested sizes; a block's rounding does not matter
+/// for growth). With `by_size`, frameless allocations are followed by their size; otherwise they are left out.
+fn live_per_site_at(
     events: &[crate::timeline::Event],
     kinds: &[u8],
     marks: &[usize],
     keep: &dyn Fn(u8) -> bool,
-) -> Vec<FxHashMap<StackId, (u64, u32)>> {
-    let mut live: FxHashMap<u64, (StackId, u64)> = FxHashMap::default();
-    let mut per: FxHashMap<StackId, (u64, u32)> = FxHashMap::default();
+    by_size: bool,
+) -> Vec<FxHashMap<Site, (u64, u32)>> {
+    let mut live: FxHashMap<u64, (Site, u64)> = FxHashMap::default();
+    let mut per: FxHashMap<Site, (u64, u32)> = FxHashMap::default();
     let mut out = Vec::with_capacity(marks.len());
     let mut next = 0;
     for (i, e) in events.iter().enumerate() {
         match e.action {
-            Action::Alloc if e.stack != EMPTY_STACK && keep(kinds[i]) => {
-                if let Some((s, b)) = live.insert(e.addr, (e.stack, e.size)) {
+            Action::Alloc if (by_size || e.stack != EMPTY_STACK) && keep(kinds[i]) => {
+                let site = if e.stack == EMPTY_STACK { Site::Size(e.size) } else { Site::Stack(e.stack) };
+                if let Some((s, b)) = live.insert(e.addr, (site, e.size)) {
                     let p = per.entry(s).or_default();
                     p.0 = p.0.saturating_sub(b);
                     p.1 = p.1.saturating_sub(1);
                 }
-                let p = per.entry(e.stack).or_default();
+                let p = per.entry(site).or_default();
                 p.0 += e.size;
                 p.1 += 1;
             }
@@ -737,7 +748,7 @@ pub struct LeakPass {
 struct Intervals {
     marks: Vec<usize>,
     per_iteration: bool,
-    snaps: Vec<FxHashMap<StackId, (u64, u32)>>,
+    snaps: Vec<FxHashMap<Site, (u64, u32)>>,
 }
 
 /// The leak pass up to event `last` (the report's moment).
@@ -765,13 +776,15 @@ pub fn leak_pass(dev: &DeviceTimeline, replay: &Replay, ev: &EventFacts, last: u
         return LeakPass { cycles, intervals: None };
     }
     let skip = ["kv_cache", "parameter", "optimizer_state", "compile"].map(kind_index);
-    let snaps = live_per_stack_at(&dev.events, &ev.kinds, &marks, &|k| !skip.contains(&k));
+    // A trace with no frame anywhere (context=None) is followed by size: nothing else tells its allocations apart.
+    let frameless = !dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
+    let snaps = live_per_site_at(&dev.events, &ev.kinds, &marks, &|k| !skip.contains(&k), frameless);
     LeakPass { cycles, intervals: Some(Intervals { marks, per_iteration, snaps }) }
 }
 
 /// A stack whose live allocations accumulate from interval to interval.
 struct Accumulating {
-    stack: StackId,
+    site: Site,
     growth: u64,
     live_bytes: u64,
     live_count: u32,
@@ -790,20 +803,20 @@ fn leak_facts(f: &mut Facts, cx: &Ctx, leaks: LeakPass) {
     let Some(Intervals { marks, per_iteration, snaps }) = leaks.intervals else { return };
     let end = snaps.last().expect("marks non-empty");
     let mut acc: Vec<Accumulating> = Vec::new();
-    for (&stack, &(end_bytes, end_count)) in end {
-        let counts: Vec<u32> = snaps.iter().map(|s| s.get(&stack).map_or(0, |v| v.1)).collect();
+    for (&site, &(end_bytes, end_count)) in end {
+        let counts: Vec<u32> = snaps.iter().map(|s| s.get(&site).map_or(0, |v| v.1)).collect();
         let Some(first) = counts.iter().position(|&c| c > 0) else { continue };
         let seen = counts.len() - first - 1;
         if seen < 3 || counts[first..].windows(2).any(|w| w[1] < w[0]) {
             continue;
         }
         let rising = counts[first..].windows(2).filter(|w| w[1] > w[0]).count() as f64 / seen as f64;
-        let first_bytes = snaps[first].get(&stack).map_or(0, |v| v.0);
+        let first_bytes = snaps[first].get(&site).map_or(0, |v| v.0);
         if rising < ACCUMULATES_RISING || end_bytes <= first_bytes {
             continue;
         }
         acc.push(Accumulating {
-            stack,
+            site,
             growth: end_bytes - first_bytes,
             live_bytes: end_bytes,
             live_count: end_count,
@@ -813,7 +826,7 @@ fn leak_facts(f: &mut Facts, cx: &Ctx, leaks: LeakPass) {
     if acc.is_empty() {
         return;
     }
-    acc.sort_by(|a, b| b.growth.cmp(&a.growth).then(a.stack.cmp(&b.stack)));
+    acc.sort_by(|a, b| b.growth.cmp(&a.growth).then(a.site.cmp(&b.site)));
     let growth: u64 = acc.iter().map(|a| a.growth).sum();
     let live_bytes: u64 = acc.iter().map(|a| a.live_bytes).sum();
     let live_count: u32 = acc.iter().map(|a| a.live_count).sum();
@@ -837,12 +850,29 @@ fn leak_facts(f: &mut Facts, cx: &Ctx, leaks: LeakPass) {
     );
     f.num("leak.intervals", intervals as f64, Unit::Count, "intervals observed");
     f.flag("leak.per_iteration", per_iteration, "intervals are iterations of the program's loop");
-    f.text("leak.where", user_chain(cx.tl, acc[0].stack, 4), "the stack that accumulates the most");
-    let stacks: Vec<StackId> = acc.iter().map(|a| a.stack).collect();
-    f.leak_stacks = stacks.clone();
-    f.text("leak.sites", super::stacks::sites(cx.tl, &stacks, 4), "the lines that allocated what accumulates");
-    let caller = super::stacks::common_caller(cx.tl, &stacks).unwrap_or_else(|| culprit(cx.tl, acc[0].stack));
-    f.text("leak.caller", caller, "the innermost line of your code all accumulating allocations were made under");
+    f.leak_sites = acc.iter().map(|a| a.site).collect();
+    let stacks: Vec<StackId> = acc.iter().filter_map(|a| if let Site::Stack(s) = a.site { Some(s) } else { None }).collect();
+    if let Some(&top) = stacks.first() {
+        f.text("leak.where", user_chain(cx.tl, top, 4), "the stack that accumulates the most");
+        f.text("leak.sites", super::stacks::sites(cx.tl, &stacks, 4), "the lines that allocated what accumulates");
+        let caller = super::stacks::common_caller(cx.tl, &stacks).unwrap_or_else(|| culprit(cx.tl, top));
+        f.text("leak.caller", caller, "the innermost line of your code all accumulating allocations were made under");
+    } else {
+        // Followed by size: say the sizes, and that the line is not known.
+        let sizes: Vec<String> = acc.iter().take(4).filter_map(|a| match a.site {
+            Site::Size(n) => Some(bytes(n)),
+            Site::Stack(_) => None,
+        }).collect();
+        let more = if acc.len() > 4 { format!(" and {} more sizes", acc.len() - 4) } else { String::new() };
+        let sites = format!("an unrecorded line (blocks of {}{more}; the capture recorded no stacks)", sizes.join(", "));
+        f.text("leak.where", "(no stack recorded)", "the stack that accumulates the most");
+        f.text("leak.sites", sites, "the lines that allocated what accumulates");
+        f.text(
+            "leak.caller",
+            "a line the capture did not record (record with context=\"all\" to see it)",
+            "the innermost line of your code all accumulating allocations were made under",
+        );
+    }
     if cx.report.allocated_bytes > 0 {
         f.num(
             "leak.share",
@@ -1004,7 +1034,7 @@ fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
     if marks.last() != Some(&last) {
         marks.push(last);
     }
-    let series: Vec<u64> = live_per_stack_at(&cx.dev.events, cx.kinds, &marks, &|k| k == kv)
+    let series: Vec<u64> = live_per_site_at(&cx.dev.events, cx.kinds, &marks, &|k| k == kv, false)
         .iter()
         .map(|s| s.values().map(|v| v.0).sum())
         .collect();

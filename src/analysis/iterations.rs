@@ -8,6 +8,8 @@
 //!    them (the anchor) occurs once per pass, and between two of its occurrences every other line of the body
 //!    occurs too. Of the candidate anchors, the one whose passes hold the most of the trace's allocations wins;
 //!    an anchor inside a layer loop splits the trace into layers, whose passes miss the lines outside the layers.
+//!    A trace that recorded no frame at all (`context=None`) is read the same way by allocation size: the loop's
+//!    lines make the same sizes every pass.
 
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
 use crate::timeline::{Action, Event, Timeline};
@@ -18,6 +20,7 @@ pub enum Source {
     OptimizerSteps,
     SnapshotMarkers,
     RepeatingStacks,
+    RepeatingSizes,
 }
 
 impl Source {
@@ -26,6 +29,7 @@ impl Source {
             Source::OptimizerSteps => "optimizer steps",
             Source::SnapshotMarkers => "snapshot markers",
             Source::RepeatingStacks => "a repeating sequence of allocating stacks",
+            Source::RepeatingSizes => "a repeating sequence of allocation sizes, the trace having no stacks",
         }
     }
 }
@@ -59,8 +63,53 @@ pub fn find(tl: &Timeline, events: &[Event], optimizer_steps: &[usize]) -> Optio
     if let Some(ends) = snapshot_markers(events) {
         return Some(Iterations { ends, source: Source::SnapshotMarkers });
     }
-    repeating_stacks(events, &|stacks| inside_one_forward(tl, stacks))
-        .map(|ends| Iterations { ends, source: Source::RepeatingStacks })
+    let framed: Vec<(usize, StackId)> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.action == Action::Alloc && e.stack != EMPTY_STACK)
+        .map(|(i, e)| (i, e.stack))
+        .collect();
+    if !framed.is_empty() {
+        return repeating_stacks(events, &framed, &|stacks| inside_one_forward(tl, stacks), false)
+            .map(|(ends, _)| Iterations { ends, source: Source::RepeatingStacks });
+    }
+    // No frame anywhere: each size stands in for a line (numbered densely, as stacks are). Without frames nothing
+    // says whether a repeat is the layers of one forward pass, so the outermost repeat is taken (the steps, not the
+    // layers within them), and a repeat with none inside it only where its passes give back most of what they
+    // take: the layers of a forward keep what they make for the backward, as a loop's passes do not (a pass that
+    // keeps everything, a graph held from step to step, is told from a layer only by the layers inside it).
+    let mut ids: rustc_hash::FxHashMap<u64, StackId> = rustc_hash::FxHashMap::default();
+    let by_size: Vec<(usize, StackId)> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.action == Action::Alloc)
+        .map(|(i, e)| {
+            let n = ids.len() as StackId;
+            (i, *ids.entry(e.size).or_insert(n))
+        })
+        .collect();
+    let (ends, nests) = repeating_stacks(events, &by_size, &|_| false, true)?;
+    (nests || gives_back_most(events, &ends)).then_some(Iterations { ends, source: Source::RepeatingSizes })
+}
+
+/// Whether the passes between `ends` free, before each pass ends, most of the bytes they allocate.
+fn gives_back_most(events: &[Event], ends: &[usize]) -> bool {
+    let (mut made, mut given) = (0u64, 0u64);
+    let mut live: rustc_hash::FxHashMap<u64, u64> = rustc_hash::FxHashMap::default();
+    for w in ends.windows(2) {
+        live.clear();
+        for e in &events[w[0] + 1..=w[1]] {
+            match e.action {
+                Action::Alloc => {
+                    made += e.size;
+                    live.insert(e.addr, e.size);
+                }
+                Action::FreeRequested | Action::FreeCompleted => given += live.remove(&e.addr).unwrap_or(0),
+                _ => {}
+            }
+        }
+    }
+    given * 2 > made
 }
 
 /// Whether allocations from these stacks were all made inside one call of a module's `forward`: the Python frames
@@ -105,14 +154,16 @@ fn snapshot_markers(events: &[Event]) -> Option<Vec<usize>> {
     (ends.len() >= MIN_ENDS).then_some(ends)
 }
 
-/// Iteration ends from the anchor stack whose passes best cover the trace (see the module's documentation).
-fn repeating_stacks(events: &[Event], nested: &dyn Fn(&[StackId]) -> bool) -> Option<Vec<usize>> {
-    let allocs: Vec<(usize, StackId)> = events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.action == Action::Alloc && e.stack != EMPTY_STACK)
-        .map(|(i, e)| (i, e.stack))
-        .collect();
+/// Iteration ends from the anchor stack whose passes best cover the trace (see the module's documentation);
+/// `allocs` are the allocations' (event index, stack), dense stack ids. Of the anchors that cover about as well as
+/// the best, the one with the shortest pass, or with `outermost` the longest; and whether an anchor of at least
+/// twice as many passes covers as well (a loop inside the passes).
+fn repeating_stacks(
+    events: &[Event],
+    allocs: &[(usize, StackId)],
+    nested: &dyn Fn(&[StackId]) -> bool,
+    outermost: bool,
+) -> Option<(Vec<usize>, bool)> {
     if allocs.len() < 4 * MIN_ENDS {
         return None;
     }
@@ -184,7 +235,16 @@ fn repeating_stacks(events: &[Event], nested: &dyn Fn(&[StackId]) -> bool) -> Op
     // Longer passes always cover a little more (a line that runs every few iterations, noise, become "body"): of
     // the anchors that cover about as much as the best, the one with the shortest pass is the loop's period.
     let top = found.iter().map(|f| f.0).fold(0.0, f64::max);
-    let ends = found.into_iter().filter(|f| f.0 >= top - COVERAGE_SLACK).max_by_key(|f| f.1)?.2;
+    let good = found.into_iter().filter(|f| f.0 >= top - COVERAGE_SLACK);
+    let (passes, ends) = if outermost {
+        let good: Vec<_> = good.collect();
+        let most = good.iter().map(|f| f.1).max()?;
+        let fewest = good.into_iter().min_by_key(|f| f.1)?;
+        let nests = most >= 2 * fewest.1;
+        (nests, fewest.2)
+    } else {
+        (false, good.max_by_key(|f| f.1)?.2)
+    };
     // The passes of a loop run to the end of the trace (or to the OOM, in the pass that failed). A repeating run
     // followed by much other work is a loop inside one iteration — the layers of one forward pass, which the
     // backward and the optimizer follow — and no sign of iterations at all.
@@ -192,7 +252,7 @@ fn repeating_stacks(events: &[Event], nested: &dyn Fn(&[StackId]) -> bool) -> Op
     lengths.sort_unstable();
     let pass = lengths.get(lengths.len() / 2).copied().unwrap_or(0);
     let tail = events.len() - 1 - ends.last().copied().unwrap_or(0);
-    (tail <= TAIL_PASSES * pass.max(1)).then_some(ends)
+    (tail <= TAIL_PASSES * pass.max(1)).then_some((ends, passes))
 }
 
 #[cfg(test)]
@@ -226,8 +286,9 @@ mod tests {
     #[test]
     fn a_loop_without_an_optimizer_is_split_at_its_first_line_not_at_its_layers() {
         let ev = loop_trace(14, 4);
-        let it = repeating_stacks(&ev, &|_| false)
-            .map(|ends| Iterations { ends, source: Source::RepeatingStacks })
+        let allocs: Vec<(usize, StackId)> = ev.iter().enumerate().map(|(i, e)| (i, e.stack)).collect();
+        let it = repeating_stacks(&ev, &allocs, &|_| false, false)
+            .map(|(ends, _)| Iterations { ends, source: Source::RepeatingStacks })
             .expect("found");
         assert_eq!(it.source, Source::RepeatingStacks);
         assert_eq!(it.ends.len(), 14, "{:?}", it.ends);
@@ -235,6 +296,25 @@ mod tests {
         for &e in &it.ends {
             assert_eq!(ev[e].stack, 2);
             assert_eq!(ev[e + 1].stack, 1);
+        }
+    }
+
+    #[test]
+    fn a_trace_without_frames_is_split_by_its_sizes() {
+        // The same loop recorded with context=None: no stack, each line's size its own.
+        let ev: Vec<Event> = loop_trace(14, 4)
+            .into_iter()
+            .map(|e| {
+                let mut f = Event::new(Action::Alloc, 0, 512 * (u64::from(e.stack) + 1));
+                f.stack = EMPTY_STACK;
+                f
+            })
+            .collect();
+        let it = find(&Timeline::default(), &ev, &[]).expect("found");
+        assert_eq!(it.source, Source::RepeatingSizes);
+        assert_eq!(it.ends.len(), 14, "{:?}", it.ends);
+        for &e in &it.ends {
+            assert_eq!((ev[e].size, ev[e + 1].size), (512 * 3, 512 * 2));
         }
     }
 

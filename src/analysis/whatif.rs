@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 
+use super::facts::Site;
 use crate::timeline::replay::Replay;
 use crate::timeline::simulator::{self, Config, Edit, Outcome, Workload};
 use crate::timeline::{Action, DeviceTimeline, Timeline};
@@ -709,7 +710,7 @@ pub fn at_oom(
         return Vec::new();
     }
     let need = report.oom.as_ref().and_then(|o| o.requested_bytes).map(|r| r + report.allocated_bytes);
-    let case = OomCase { holder: report.holder.as_ref().map(|h| h.category), leak: &facts.leak_stacks, need };
+    let case = OomCase { holder: report.holder.as_ref().map(|h| h.category), leak: &facts.leak_sites, need };
     remedies(tl, dev, replay, &cap, &case, cats)
 }
 
@@ -718,8 +719,8 @@ pub fn at_oom(
 pub struct OomCase<'a> {
     /// The category holding the most memory at the OOM.
     pub holder: Option<&'static str>,
-    /// The stacks whose allocations accumulate.
-    pub leak: &'a [crate::timeline::stacks::StackId],
+    /// The sites (stacks, or sizes in a trace with no frame) whose allocations accumulate.
+    pub leak: &'a [super::facts::Site],
     /// The live bytes plus the request at the OOM.
     pub need: Option<u64>,
 }
@@ -773,8 +774,9 @@ pub fn remedies(
                     }
                 })
             }
-            Knob::NoLeak => simulator::simulate_with(&plain, cfg.clone(), false, |stack, _| {
-                if leak.contains(&stack) {
+            Knob::NoLeak => simulator::simulate_with(&plain, cfg.clone(), false, |stack, size| {
+                let site = if stack == crate::timeline::stacks::EMPTY_STACK { Site::Size(size) } else { Site::Stack(stack) };
+                if leak.contains(&site) {
                     Edit::Drop
                 } else {
                     Edit::Keep
