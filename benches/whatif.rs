@@ -127,8 +127,13 @@ fn main() {
     let cats = oomdoc::analysis::categories::Categorizer::builtin();
     let case = |leak, need| whatif::OomCase { holder: Some("activation"), leak, need };
     let cap_at_peak = whatif::Capacity { bytes: Some(replay.peak_reserved.0), ..cap.clone() };
-    let leak: Vec<_> =
-        dev.events.iter().filter(|e| e.action == oomdoc::timeline::Action::Alloc).map(|e| Site::Stack(e.stack)).take(3).collect();
+    let leak: Vec<_> = dev
+        .events
+        .iter()
+        .filter(|e| e.action == oomdoc::timeline::Action::Alloc)
+        .map(|e| Site::Stack(e.stack))
+        .take(3)
+        .collect();
     if std::env::var_os("AUTO_ONLY").is_some() {
         for _ in 0..30 {
             let mut cache = oomdoc::analysis::categories::CategoryCache::new(&cats, tl);

@@ -851,7 +851,8 @@ fn leak_facts(f: &mut Facts, cx: &Ctx, leaks: LeakPass) {
     f.num("leak.intervals", intervals as f64, Unit::Count, "intervals observed");
     f.flag("leak.per_iteration", per_iteration, "intervals are iterations of the program's loop");
     f.leak_sites = acc.iter().map(|a| a.site).collect();
-    let stacks: Vec<StackId> = acc.iter().filter_map(|a| if let Site::Stack(s) = a.site { Some(s) } else { None }).collect();
+    let stacks: Vec<StackId> =
+        acc.iter().filter_map(|a| if let Site::Stack(s) = a.site { Some(s) } else { None }).collect();
     if let Some(&top) = stacks.first() {
         f.text("leak.where", user_chain(cx.tl, top, 4), "the stack that accumulates the most");
         f.text("leak.sites", super::stacks::sites(cx.tl, &stacks, 4), "the lines that allocated what accumulates");
@@ -859,12 +860,17 @@ fn leak_facts(f: &mut Facts, cx: &Ctx, leaks: LeakPass) {
         f.text("leak.caller", caller, "the innermost line of your code all accumulating allocations were made under");
     } else {
         // Followed by size: say the sizes, and that the line is not known.
-        let sizes: Vec<String> = acc.iter().take(4).filter_map(|a| match a.site {
-            Site::Size(n) => Some(bytes(n)),
-            Site::Stack(_) => None,
-        }).collect();
+        let sizes: Vec<String> = acc
+            .iter()
+            .take(4)
+            .filter_map(|a| match a.site {
+                Site::Size(n) => Some(bytes(n)),
+                Site::Stack(_) => None,
+            })
+            .collect();
         let more = if acc.len() > 4 { format!(" and {} more sizes", acc.len() - 4) } else { String::new() };
-        let sites = format!("an unrecorded line (blocks of {}{more}; the capture recorded no stacks)", sizes.join(", "));
+        let sites =
+            format!("an unrecorded line (blocks of {}{more}; the capture recorded no stacks)", sizes.join(", "));
         f.text("leak.where", "(no stack recorded)", "the stack that accumulates the most");
         f.text("leak.sites", sites, "the lines that allocated what accumulates");
         f.text(

@@ -775,7 +775,8 @@ pub fn remedies(
                 })
             }
             Knob::NoLeak => simulator::simulate_with(&plain, cfg.clone(), false, |stack, size| {
-                let site = if stack == crate::timeline::stacks::EMPTY_STACK { Site::Size(size) } else { Site::Stack(stack) };
+                let site =
+                    if stack == crate::timeline::stacks::EMPTY_STACK { Site::Size(size) } else { Site::Stack(stack) };
                 if leak.contains(&site) {
                     Edit::Drop
                 } else {
