@@ -58,6 +58,12 @@ pub enum Reason {
     /// Alive since before recording; the trace keeps blocks of its size as several categories, and the blocks from
     /// before are shared among them in that proportion.
     SizeKeptAsSeveralKinds,
+    /// A trace with no frame: re-made a little larger again and again (concatenation), beside others growing with
+    /// it: a model's cache, a key and a value per layer.
+    GrownSideBySide,
+    /// A trace with no frame: re-made a little larger again and again (concatenation), the only object that grows:
+    /// an accumulator the program keeps.
+    GrownAlone,
 }
 
 impl Reason {
@@ -79,6 +85,14 @@ impl Reason {
             Reason::SizeKeptAsSeveralKinds => {
                 "allocated before recording; the trace keeps its size as several kinds, and those from before are \
                  shared among them in the same proportion"
+            }
+            Reason::GrownSideBySide => {
+                "no stack recorded; re-made a little larger at every step beside others growing with it: a cache, \
+                 one per layer"
+            }
+            Reason::GrownAlone => {
+                "no stack recorded; re-made a little larger at every step, the only object that grows: an \
+                 accumulator"
             }
             Reason::LoneSizeOfAnotherKind => {
                 "allocated before recording, the only block of its size; the trace allocates its size only as \
@@ -223,12 +237,29 @@ pub struct TraceEvidence {
     parameters_at_end: Option<Option<u64>>,
     /// Whether the trace shows a backward pass, once a moment asked.
     backward: Option<bool>,
+    /// In a trace with no frame, the allocating events of the objects grown by concatenation and the category
+    /// they are (see [`super::concatenation::Frameless`]), once a moment asked.
+    grown: Option<(FxHashSet<usize>, Attributed)>,
 }
 
 impl TraceEvidence {
     pub fn of(dev: &DeviceTimeline) -> TraceEvidence {
         let stacks = dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
-        TraceEvidence { stacks, by_size: None, parameters_at_end: None, backward: None }
+        TraceEvidence { stacks, by_size: None, parameters_at_end: None, backward: None, grown: None }
+    }
+
+    /// What a frameless allocation at event `i` is, when it re-made an object grown by concatenation.
+    fn grown(&mut self, dev: &DeviceTimeline, i: u32) -> Option<Attributed> {
+        let (events, what) = self.grown.get_or_insert_with(|| {
+            let grown = super::concatenation::of_frameless_trace(&dev.events).unwrap_or_default();
+            let (category, reason) = if grown.a_cache() {
+                ("kv_cache", Reason::GrownSideBySide)
+            } else {
+                ("user_tensor", Reason::GrownAlone)
+            };
+            (grown.events(), Attributed { category, source: Some(Source::Inferred), reason: Some(reason) })
+        });
+        events.contains(&(i as usize)).then_some(*what)
     }
 
     /// Whether the job trains (see [`super::facts::shows_backward`]). Only a job that trains keeps copies of its
@@ -296,7 +327,11 @@ fn attribute_with(
             // An allocation the trace saw with no frame while others have them: a thread without Python frames,
             // which under stacks="python" is the autograd engine's.
             Some(_) if trace.stacks => backward.push((addr, size)),
-            Some(_) => {}
+            Some(i) => {
+                if let Some(a) = trace.grown(dev, i) {
+                    out.blocks.insert(addr, a);
+                }
+            }
         }
     }
 

@@ -309,6 +309,10 @@ fn live_allocations(
         let n = if a.event_index.is_none() { &mut no_stack.before_trace } else { &mut no_stack.in_trace };
         n.0 += 1;
         n.1 += a.bytes;
+        if matches!(a.reason, Some(attribution::Reason::GrownSideBySide | attribution::Reason::GrownAlone)) {
+            no_stack.grown.0 += 1;
+            no_stack.grown.1 += a.bytes;
+        }
     }
     let live_count = live.len();
     live.truncate(top);
@@ -325,6 +329,8 @@ fn live_allocations(
 struct NoStack {
     before_trace: (usize, u64),
     in_trace: (usize, u64),
+    /// Of those in the trace, the copies of objects grown by concatenation (see `concatenation::Frameless`).
+    grown: (usize, u64),
 }
 
 /// The `top` stack groups, and every live stack's bytes, largest first.
@@ -532,17 +538,31 @@ fn notes(
         // Where other allocations have frames, the frameless ones are the autograd thread's, told apart by size
         // (see `attribution`); where none has, nothing in the file tells what they are, and the note says so
         // rather than claim the backward's inference.
+        let grown = no_stack.grown;
         let (cause, judged) = if tl.capture.trace_stacks || tl.capture.block_stacks {
             (
                 ": with stacks=\"python\" the autograd thread's backward records none; stacks=\"all\" records its \
                  C++ frames",
                 "Those with a parameter's size are taken as its gradients, the rest as activations' gradients and \
-                 temporaries.",
+                 temporaries."
+                    .to_string(),
+            )
+        } else if grown.0 > 0 {
+            (
+                ": the capture recorded no stacks (context=None); record with context=\"all\"",
+                format!(
+                    "With no frame anywhere in the file, only what the trace shows tells their kinds apart: {} ({}) \
+                     are copies of objects re-made a little larger at every step, a cache where several grow \
+                     together and an accumulator where one grows alone; the rest are left unknown.",
+                    grown.0,
+                    bytes(grown.1)
+                ),
             )
         } else {
             (
                 ": the capture recorded no stacks (context=None); record with context=\"all\"",
-                "With no frame anywhere in the file, nothing tells their kinds apart: they are left unknown.",
+                "With no frame anywhere in the file, nothing tells their kinds apart: they are left unknown."
+                    .to_string(),
             )
         };
         notes.push(format!(

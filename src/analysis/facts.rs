@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use super::categories::{CategoryCache, CATEGORIES};
 use super::iterations::Iterations;
@@ -208,7 +208,7 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
     let gradient = kind_index("gradient");
     if !events.is_empty() && !shows_backward(events, |i| kinds[i] == gradient) {
         let last = events.iter().rposition(|e| e.action == Action::Oom).unwrap_or(events.len() - 1);
-        let grown = grown_by_concatenation(events, last, &|i| kinds[i] == activation);
+        let grown = super::concatenation::by_stack(events, last, &|i| kinds[i] == activation);
         for (k, e) in kinds.iter_mut().zip(events) {
             if grown.contains(&e.stack) {
                 *k = kv;
@@ -223,6 +223,18 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
             Unit::Count,
             "stacks in the model's forward grown by concatenation in a trace without a backward pass, counted as KV cache",
         );
+        // With no frame at all, objects grown side by side are a model's cache (a key and a value per layer).
+        if let Some(grown) = super::concatenation::of_frameless_trace(events).filter(|g| g.a_cache()) {
+            f.num(
+                "kv.grown_objects",
+                grown.objects.len() as f64,
+                Unit::Count,
+                "objects grown by concatenation side by side in a trace with no frame, counted as KV cache",
+            );
+            for i in grown.events() {
+                kinds[i] = kv;
+            }
+        }
     }
     let comm = kind_index("communication");
     f.flag(
@@ -484,6 +496,7 @@ fn intermediate_facts(f: &mut Facts, cx: &Context, requested: u64, stack: StackI
 /// step but are freed between (attention scores over a growing sequence) makes no run.
 fn request_growth_facts(f: &mut Facts, before: &[crate::timeline::Event], stack: StackId, requested: u64) {
     if stack == EMPTY_STACK {
+        frameless_request_growth_facts(f, before, requested);
         return;
     }
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
@@ -523,6 +536,40 @@ fn request_growth_facts(f: &mut Facts, before: &[crate::timeline::Event], stack:
     );
     if steps > 0 {
         f.num("oom.request_growth_first_bytes", first as f64, Unit::Bytes, "the buffer's size at the run's first copy");
+    }
+}
+
+/// [`request_growth_facts`] in a trace with no frame: the request extends an object grown by concatenation (each
+/// copy linked to the one it replaced) whose last copy is live at the OOM, asking a little more than it.
+fn frameless_request_growth_facts(f: &mut Facts, before: &[crate::timeline::Event], requested: u64) {
+    // Objects growing side by side are a model's cache: the KV-cache rule's.
+    if super::concatenation::of_frameless_trace(before).is_none_or(|g| g.a_cache()) {
+        return;
+    }
+    let buffers = super::concatenation::frameless_buffers(before);
+    let extended = buffers.iter().find(|o| {
+        let last = &before[o[o.len() - 1]];
+        let live = !before[o[o.len() - 1]..]
+            .iter()
+            .any(|e| matches!(e.action, Action::FreeRequested | Action::FreeCompleted) && e.addr == last.addr);
+        // The request is rounded to the allocator's 512 bytes; the copies' sizes are the caller's.
+        live && requested > last.size && requested <= 2 * last.size + 512
+    });
+    let steps = extended.map_or(0, |o| o.len() as u32);
+    f.num(
+        "oom.request_growth_steps",
+        f64::from(steps),
+        Unit::Count,
+        "copies of one buffer its line re-allocated larger, each while an earlier one was live, that the failing \
+         request would extend (torch.cat onto an accumulator)",
+    );
+    if let Some(o) = extended {
+        f.num(
+            "oom.request_growth_first_bytes",
+            before[o[0]].size as f64,
+            Unit::Bytes,
+            "the buffer's size at the run's first copy",
+        );
     }
 }
 
@@ -970,45 +1017,6 @@ fn ddp_facts(f: &mut Facts, events: &[crate::timeline::Event], kinds: &[u8], ste
 /// Samples of the KV cache's live bytes up to the moment.
 const KV_SAMPLES: usize = 32;
 
-/// Stacks whose tensors grow by concatenation: each allocation is soon followed by the free of a smaller one the same
-/// stack made (`x = torch.cat([x, new])`: the longer tensor, then the old one let go), in most of its allocations.
-/// Such a stack holds one growing object however many times it is re-made — a cache the user wrote, a buffer grown
-/// token by token — whatever its frames are called.
-fn grown_by_concatenation(
-    events: &[crate::timeline::Event],
-    last: usize,
-    eligible: &dyn Fn(usize) -> bool,
-) -> FxHashSet<StackId> {
-    let mut made: FxHashMap<u64, (StackId, u64, usize)> = FxHashMap::default();
-    let mut counts: FxHashMap<StackId, (u32, u32)> = FxHashMap::default();
-    // The last few allocations: (stack, size, event).
-    let mut recent: [(StackId, u64, usize); 4] = [(EMPTY_STACK, 0, usize::MAX); 4];
-    for (i, e) in events.iter().enumerate().take(last + 1) {
-        match e.action {
-            Action::Alloc if e.stack != EMPTY_STACK && eligible(i) => {
-                made.insert(e.addr, (e.stack, e.size, i));
-                counts.entry(e.stack).or_default().0 += 1;
-                recent.rotate_right(1);
-                recent[0] = (e.stack, e.size, i);
-            }
-            Action::FreeRequested | Action::FreeCompleted => {
-                if let Some((stack, size, born)) = made.remove(&e.addr) {
-                    // The old version: made before the new one, smaller by at most a fifth of the new (a few more
-                    // tokens, not a size sweep that doubles), let go right after it.
-                    let replaced = recent.iter().any(|&(s, n, at)| {
-                        s == stack && at != usize::MAX && born < at && i - at <= 4 && n > size && n <= size + size / 4
-                    });
-                    if replaced {
-                        counts.entry(stack).or_default().1 += 1;
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    counts.into_iter().filter(|&(_, (allocs, grew))| grew >= 8 && 2 * grew >= allocs).map(|(s, _)| s).collect()
-}
-
 /// unbounded-kv-growth: the KV cache's live bytes up to the moment, judged on their envelope — the most bytes live
 /// at once so far at each sample — so that a cache re-allocated one token longer each step (torch.cat: new, then the
 /// old freed), one that grows in steps as requests join, and a running batch that merges and retires requests (a
@@ -1040,7 +1048,7 @@ fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
     if marks.last() != Some(&last) {
         marks.push(last);
     }
-    let series: Vec<u64> = live_per_site_at(&cx.dev.events, cx.kinds, &marks, &|k| k == kv, false)
+    let series: Vec<u64> = live_per_site_at(&cx.dev.events, cx.kinds, &marks, &|k| k == kv, true)
         .iter()
         .map(|s| s.values().map(|v| v.0).sum())
         .collect();

@@ -4,6 +4,7 @@
 pub mod attribution;
 pub mod categories;
 pub mod chart;
+pub mod concatenation;
 mod device;
 pub mod diff;
 pub mod facts;
