@@ -488,18 +488,21 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
             _ => {}
         }
     }
-    // The gradients counted are every parameter's only where the optimizer stepped after them: a backward cut short
-    // by the OOM or the trace's end made some, and may have gone higher with its temporaries.
-    if let Some(step) = last_optimizer_state {
-        for (size, records) in gradient_records {
-            if let Some(&(_, n)) = records.iter().rev().find(|&&(when, _)| when < step) {
-                by_size.entry(size).or_default().gradients_at_most = n;
-            }
-        }
-    }
     if let Some(step) = last_optimizer_state {
         for (_, size) in freed_from_before.into_iter().filter(|&(i, _)| i > step) {
             by_size.entry(size).or_default().freed_from_before_after_step += 1;
+        }
+    }
+    // The gradients counted are every parameter's only where the optimizer stepped after them: a backward cut short
+    // by the OOM or the trace's end made some, and may have gone higher with its temporaries. Where recording began
+    // inside the backward, the gradients it made before are the blocks from before the trace let go after the step
+    // (zero_grad): live all along until then, they were held beside those the trace saw.
+    if let Some(step) = last_optimizer_state {
+        for (size, records) in gradient_records {
+            if let Some(&(_, n)) = records.iter().rev().find(|&&(when, _)| when < step) {
+                let ev = by_size.entry(size).or_default();
+                ev.gradients_at_most = n + ev.freed_from_before_after_step;
+            }
         }
     }
     // A CUDA graph's private pool holds the graph's own buffers, whatever their size: what is kept there says
