@@ -495,10 +495,29 @@ fn intermediate_facts(f: &mut Facts, cx: &Context, requested: u64, stack: StackI
 /// earlier one from the same line was live, that the request would extend. A line whose tensors grow from step to
 /// step but are freed between (attention scores over a growing sequence) makes no run.
 fn request_growth_facts(f: &mut Facts, before: &[crate::timeline::Event], stack: StackId, requested: u64) {
-    if stack == EMPTY_STACK {
-        frameless_request_growth_facts(f, before, requested);
-        return;
+    let run = if stack == EMPTY_STACK {
+        match frameless_request_growth(before, requested) {
+            Some(run) => run,
+            None => return,
+        }
+    } else {
+        line_request_growth(before, stack, requested)
+    };
+    let steps = run.map_or(0, |r| r.0);
+    f.num(
+        "oom.request_growth_steps",
+        f64::from(steps),
+        Unit::Count,
+        "copies of one buffer its line re-allocated larger, each while an earlier one was live, that the failing \
+         request would extend (torch.cat onto an accumulator)",
+    );
+    if let Some((_, first)) = run {
+        f.num("oom.request_growth_first_bytes", first as f64, Unit::Bytes, "the buffer's size at the run's first copy");
     }
+}
+
+/// The run of copies from one line that the request extends: (copies, the first copy's size).
+fn line_request_growth(before: &[crate::timeline::Event], stack: StackId, requested: u64) -> Option<(u32, u64)> {
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
     let (mut run, mut last, mut first, mut live_before) = (0u32, 0u64, 0u64, 0usize);
     // The old copies are freed as the new ones are made: the line's live count stays flat along the run (a list
@@ -526,25 +545,16 @@ fn request_growth_facts(f: &mut Facts, before: &[crate::timeline::Event], stack:
         }
     }
     // The request extends the run when an earlier copy is live at the OOM and it asks for more than the last.
-    let steps = if extends(live.len(), live_before, requested, last, run) { run } else { 0 };
-    f.num(
-        "oom.request_growth_steps",
-        f64::from(steps),
-        Unit::Count,
-        "copies of one buffer its line re-allocated larger, each while an earlier one was live, that the failing \
-         request would extend (torch.cat onto an accumulator)",
-    );
-    if steps > 0 {
-        f.num("oom.request_growth_first_bytes", first as f64, Unit::Bytes, "the buffer's size at the run's first copy");
-    }
+    extends(live.len(), live_before, requested, last, run).then_some((run, first))
 }
 
-/// [`request_growth_facts`] in a trace with no frame: the request extends an object grown by concatenation (each
-/// copy linked to the one it replaced) whose last copy is live at the OOM, asking a little more than it.
-fn frameless_request_growth_facts(f: &mut Facts, before: &[crate::timeline::Event], requested: u64) {
-    // Objects growing side by side are a model's cache: the KV-cache rule's.
+/// [`line_request_growth`] in a trace with no frame: the request extends an object grown by concatenation (each
+/// copy linked to the one it replaced) whose last copy is live at the OOM, asking up to twice as much. `None` where
+/// the trace has frames (a frameless request there is the backward's) or its objects are a model's cache (the
+/// KV-cache rule's).
+fn frameless_request_growth(before: &[crate::timeline::Event], requested: u64) -> Option<Option<(u32, u64)>> {
     if super::concatenation::of_frameless_trace(before).is_none_or(|g| g.a_cache()) {
-        return;
+        return None;
     }
     let buffers = super::concatenation::frameless_buffers(before);
     let extended = buffers.iter().find(|o| {
@@ -555,22 +565,7 @@ fn frameless_request_growth_facts(f: &mut Facts, before: &[crate::timeline::Even
         // The request is rounded to the allocator's 512 bytes; the copies' sizes are the caller's.
         live && requested > last.size && requested <= 2 * last.size + 512
     });
-    let steps = extended.map_or(0, |o| o.len() as u32);
-    f.num(
-        "oom.request_growth_steps",
-        f64::from(steps),
-        Unit::Count,
-        "copies of one buffer its line re-allocated larger, each while an earlier one was live, that the failing \
-         request would extend (torch.cat onto an accumulator)",
-    );
-    if let Some(o) = extended {
-        f.num(
-            "oom.request_growth_first_bytes",
-            before[o[0]].size as f64,
-            Unit::Bytes,
-            "the buffer's size at the run's first copy",
-        );
-    }
+    Some(extended.map(|o| (o.len() as u32, before[o[0]].size)))
 }
 
 fn stack_matches(tl: &Timeline, stack: StackId, pred: fn(&str, &str) -> bool) -> bool {
