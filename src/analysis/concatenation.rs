@@ -69,6 +69,19 @@ impl Frameless {
         self.side_by_side() >= 2
     }
 
+    /// Whether the request at event `at` (an OOM's, rounded to 512 bytes) is the next copy of one of the objects:
+    /// its last copy still live, the request a little larger (at most a quarter more).
+    pub fn extended_by(&self, events: &[Event], at: usize) -> bool {
+        let requested = events[at].size;
+        self.objects.iter().any(|o| {
+            let last = &events[o[o.len() - 1]];
+            let freed = events[o[o.len() - 1]..at]
+                .iter()
+                .any(|e| matches!(e.action, Action::FreeRequested | Action::FreeCompleted) && e.addr == last.addr);
+            !freed && requested > last.size && requested <= last.size + last.size / 4 + 512
+        })
+    }
+
     /// Every allocating event of the objects.
     pub fn events(&self) -> FxHashSet<usize> {
         self.objects.iter().flatten().copied().collect()

@@ -234,6 +234,10 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
             for i in grown.events() {
                 kinds[i] = kv;
             }
+            // The cache asking for its next copy, when that is what ran out.
+            if events[last].action == Action::Oom && grown.extended_by(events, last) {
+                kinds[last] = kv;
+            }
         }
     }
     let comm = kind_index("communication");
