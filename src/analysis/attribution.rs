@@ -252,7 +252,7 @@ impl TraceEvidence {
     fn grown(&mut self, dev: &DeviceTimeline, i: u32) -> Option<Attributed> {
         let (events, what) = self.grown.get_or_insert_with(|| {
             let grown = super::concatenation::of_frameless_trace(&dev.events).unwrap_or_default();
-            let (category, reason) = if grown.a_cache() {
+            let (category, reason) = if grown.a_cache(&dev.events) {
                 ("kv_cache", Reason::GrownSideBySide)
             } else {
                 ("user_tensor", Reason::GrownAlone)

@@ -56,17 +56,23 @@ pub struct Frameless {
 }
 
 impl Frameless {
-    /// How many objects grew over the same stretch of the trace as the one re-made most: a model's cache is one
-    /// per layer (a key and a value each), growing together; an accumulator is one.
-    pub fn side_by_side(&self) -> usize {
+    /// How many objects grew over the same stretch of the trace as the one re-made most, and to its size (within
+    /// the most it grew in one step): a model's cache is a key and a value per layer, all of one shape, growing
+    /// together; an accumulator is one, and two of them side by side (predictions and labels) differ in size.
+    pub fn side_by_side(&self, events: &[Event]) -> usize {
         let Some(most) = self.objects.iter().max_by_key(|o| o.len()) else { return 0 };
         let (lo, hi) = (most[0], most[most.len() - 1]);
-        self.objects.iter().filter(|o| o[0] <= hi && o[o.len() - 1] >= lo).count()
+        let size = events[hi].size;
+        let step = most.windows(2).map(|w| events[w[1]].size.saturating_sub(events[w[0]].size)).max().unwrap_or(0);
+        self.objects
+            .iter()
+            .filter(|o| o[0] <= hi && o[o.len() - 1] >= lo && events[o[o.len() - 1]].size.abs_diff(size) <= step)
+            .count()
     }
 
-    /// Whether the objects are a model's cache: several growing side by side.
-    pub fn a_cache(&self) -> bool {
-        self.side_by_side() >= 2
+    /// Whether the objects are a model's cache: several of one size growing side by side.
+    pub fn a_cache(&self, events: &[Event]) -> bool {
+        self.side_by_side(events) >= 2
     }
 
     /// Whether the request at event `at` (an OOM's, rounded to 512 bytes) is the next copy of one of the objects:
@@ -170,22 +176,22 @@ fn frameless(events: &[Event], last: usize, most: fn(u64) -> u64) -> Frameless {
 mod tests {
     use super::*;
 
-    /// `objects` tensors grown together by `step` bytes from `first`, `copies` times each: each copy made, then the
-    /// old one freed (`torch.cat`), with an unrelated temporary between steps.
-    fn grown(objects: u64, first: u64, step: impl Fn(u64) -> u64, copies: u64) -> Vec<Event> {
+    /// Tensors grown together from the sizes `firsts` by `step(size)` bytes, `copies` times each: each copy made,
+    /// then the old one freed (`torch.cat`), with an unrelated temporary between steps.
+    fn grown(firsts: &[u64], step: impl Fn(u64) -> u64, copies: u64) -> Vec<Event> {
         let mut v = Vec::new();
-        let mut size: Vec<u64> = vec![first; objects as usize];
-        let addr = |o: u64, k: u64| (o << 32) | (k << 12);
-        for o in 0..objects {
+        let mut size: Vec<u64> = firsts.to_vec();
+        let addr = |o: usize, k: u64| ((o as u64) << 32) | (k << 12);
+        for (o, &first) in firsts.iter().enumerate() {
             v.push(Event::new(Action::Alloc, addr(o, 0), first));
         }
         for k in 1..copies {
-            for o in 0..objects {
-                let new = size[o as usize] + step(size[o as usize]);
+            for (o, size) in size.iter_mut().enumerate() {
+                let new = *size + step(*size);
                 v.push(Event::new(Action::Alloc, addr(o, k), new));
-                v.push(Event::new(Action::FreeRequested, addr(o, k - 1), size[o as usize]));
-                v.push(Event::new(Action::FreeCompleted, addr(o, k - 1), size[o as usize]));
-                size[o as usize] = new;
+                v.push(Event::new(Action::FreeRequested, addr(o, k - 1), *size));
+                v.push(Event::new(Action::FreeCompleted, addr(o, k - 1), *size));
+                *size = new;
             }
             v.push(Event::new(Action::Alloc, 1, 512));
             v.push(Event::new(Action::FreeCompleted, 1, 512));
@@ -195,25 +201,32 @@ mod tests {
 
     #[test]
     fn objects_grown_side_by_side_are_a_cache_and_one_alone_is_not() {
-        let cache = of_frameless_trace(&grown(4, 1 << 20, |_| 4096, 12)).expect("frameless");
+        let layers = grown(&[1 << 20; 4], |_| 4096, 12);
+        let cache = of_frameless_trace(&layers).expect("frameless");
         assert_eq!(cache.objects.len(), 4);
         assert!(cache.objects.iter().all(|o| o.len() == 12), "{:?}", cache.objects);
-        assert!(cache.a_cache());
-        let alone = of_frameless_trace(&grown(1, 1 << 20, |_| 4096, 12)).expect("frameless");
+        assert!(cache.a_cache(&layers));
+        let one = grown(&[1 << 20], |_| 4096, 12);
+        let alone = of_frameless_trace(&one).expect("frameless");
         assert_eq!(alone.objects.len(), 1);
-        assert!(!alone.a_cache());
+        assert!(!alone.a_cache(&one));
+        // Two accumulators side by side, predictions and labels: not of one size, no cache.
+        let two = grown(&[1 << 20, 1 << 14], |n| n / 16, 12);
+        let accumulators = of_frameless_trace(&two).expect("frameless");
+        assert_eq!(accumulators.objects.len(), 2);
+        assert!(!accumulators.a_cache(&two));
         // Too few copies to be a cache.
-        assert!(of_frameless_trace(&grown(4, 1 << 20, |_| 4096, 6)).unwrap().objects.is_empty());
+        assert!(of_frameless_trace(&grown(&[1 << 20; 4], |_| 4096, 6)).unwrap().objects.is_empty());
     }
 
     #[test]
     fn a_buffer_appended_to_grows_by_steady_steps_and_a_doubling_sweep_does_not() {
         // A batch's rows appended each step: the first append doubles the buffer.
-        let appended = grown(1, 1 << 20, |_| 1 << 20, 5);
+        let appended = grown(&[1 << 20], |_| 1 << 20, 5);
         assert_eq!(frameless_buffers(&appended).len(), 1);
         // Nor is it a cache: each copy is far more than a quarter larger.
         assert!(of_frameless_trace(&appended).unwrap().objects.is_empty());
-        let sweep = grown(1, 1 << 20, |n| n, 5);
+        let sweep = grown(&[1 << 20], |n| n, 5);
         assert!(frameless_buffers(&sweep).is_empty());
         // With frames, the stacks say what grew.
         let mut framed = appended.clone();

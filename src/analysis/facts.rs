@@ -224,7 +224,7 @@ pub fn event_facts(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache
             "stacks in the model's forward grown by concatenation in a trace without a backward pass, counted as KV cache",
         );
         // With no frame at all, objects grown side by side are a model's cache (a key and a value per layer).
-        if let Some(grown) = super::concatenation::of_frameless_trace(events).filter(|g| g.a_cache()) {
+        if let Some(grown) = super::concatenation::of_frameless_trace(events).filter(|g| g.a_cache(events)) {
             f.num(
                 "kv.grown_objects",
                 grown.objects.len() as f64,
@@ -557,7 +557,7 @@ fn line_request_growth(before: &[crate::timeline::Event], stack: StackId, reques
 /// the trace has frames (a frameless request there is the backward's) or its objects are a model's cache (the
 /// KV-cache rule's).
 fn frameless_request_growth(before: &[crate::timeline::Event], requested: u64) -> Option<Option<(u32, u64)>> {
-    if super::concatenation::of_frameless_trace(before).is_none_or(|g| g.a_cache()) {
+    if super::concatenation::of_frameless_trace(before).is_none_or(|g| g.a_cache(before)) {
         return None;
     }
     let buffers = super::concatenation::frameless_buffers(before);
