@@ -78,14 +78,7 @@ impl Frameless {
     /// Whether the request at event `at` (an OOM's, rounded to 512 bytes) is the next copy of one of the objects:
     /// its last copy still live, the request a little larger (at most a quarter more).
     pub fn extended_by(&self, events: &[Event], at: usize) -> bool {
-        let requested = events[at].size;
-        self.objects.iter().any(|o| {
-            let last = &events[o[o.len() - 1]];
-            let freed = events[o[o.len() - 1]..at]
-                .iter()
-                .any(|e| matches!(e.action, Action::FreeRequested | Action::FreeCompleted) && e.addr == last.addr);
-            !freed && requested > last.size && requested <= last.size + last.size / 4 + 512
-        })
+        self.objects.iter().any(|o| extends(events, o, at, events[at].size, |old| old + old / 4))
     }
 
     /// Every allocating event of the objects.
@@ -116,6 +109,16 @@ pub fn frameless_buffers(events: &[Event]) -> Vec<Vec<usize>> {
         o.len() >= 3 && hi <= 2 * lo
     });
     grown.objects
+}
+
+/// Whether a request of `requested` bytes before event `at` is the next copy of `object`: its last copy still live,
+/// the request larger than it and at most `most(last)` (plus the allocator's 512-byte rounding of the request).
+pub fn extends(events: &[Event], object: &[usize], at: usize, requested: u64, most: fn(u64) -> u64) -> bool {
+    let last = &events[object[object.len() - 1]];
+    let freed = events[object[object.len() - 1]..at]
+        .iter()
+        .any(|e| matches!(e.action, Action::FreeRequested | Action::FreeCompleted) && e.addr == last.addr);
+    !freed && requested > last.size && requested <= most(last.size) + 512
 }
 
 /// The OOM's event (or the last) of a trace with no frame at all; `None` where it has frames or no event.

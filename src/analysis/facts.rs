@@ -561,14 +561,8 @@ fn frameless_request_growth(before: &[crate::timeline::Event], requested: u64) -
         return None;
     }
     let buffers = super::concatenation::frameless_buffers(before);
-    let extended = buffers.iter().find(|o| {
-        let last = &before[o[o.len() - 1]];
-        let live = !before[o[o.len() - 1]..]
-            .iter()
-            .any(|e| matches!(e.action, Action::FreeRequested | Action::FreeCompleted) && e.addr == last.addr);
-        // The request is rounded to the allocator's 512 bytes; the copies' sizes are the caller's.
-        live && requested > last.size && requested <= 2 * last.size + 512
-    });
+    let extended =
+        buffers.iter().find(|o| super::concatenation::extends(before, o, before.len(), requested, |old| old * 2));
     Some(extended.map(|o| (o.len() as u32, before[o[0]].size)))
 }
 
