@@ -64,6 +64,16 @@ pub enum Reason {
     /// A trace with no frame: re-made a little larger again and again (concatenation), the only object that grows:
     /// an accumulator the program keeps.
     GrownAlone,
+    /// A trace with no frame: made before the loop's passes, or by the first of them only, and kept.
+    BuiltBeforeTheLoop,
+    /// A trace with no frame: made by a pass of the loop and let go of within it, or by the pass that was running.
+    MadeByAPass,
+    /// A trace with no frame: kept from pass to pass, with others its pass made.
+    KeptWithItsPass,
+    /// A trace with no frame: kept from pass to pass, the one tensor each pass keeps.
+    PassOutputKept,
+    /// A trace with no frame: kept from pass to pass, made as a copy of a tensor its pass let go of at once.
+    PassCopyKept,
 }
 
 impl Reason {
@@ -93,6 +103,25 @@ impl Reason {
             Reason::GrownAlone => {
                 "no stack recorded; re-made a little larger at every step, the only object that grows: an \
                  accumulator"
+            }
+            Reason::BuiltBeforeTheLoop => {
+                "no stack recorded; made before the loop's passes (or once, by the first) and kept: built with the \
+                 model"
+            }
+            Reason::MadeByAPass => {
+                "no stack recorded; made by a pass of the loop and let go of within it, or by the pass that ran \
+                 out: its working memory"
+            }
+            Reason::KeptWithItsPass => {
+                "no stack recorded; kept from pass to pass with the rest of its pass's tensors: a graph held by a \
+                 reference to its output"
+            }
+            Reason::PassOutputKept => {
+                "no stack recorded; the one tensor each pass of the loop keeps to the end: the pass's output"
+            }
+            Reason::PassCopyKept => {
+                "no stack recorded; kept from pass to pass, made as a copy of a tensor its pass let go of at once: \
+                 the program's own"
             }
             Reason::LoneSizeOfAnotherKind => {
                 "allocated before recording, the only block of its size; the trace allocates its size only as \
@@ -239,27 +268,60 @@ pub struct TraceEvidence {
     backward: Option<bool>,
     /// In a trace with no frame, the allocating events of the objects grown by concatenation and the category
     /// they are (see [`super::concatenation::Frameless`]), once a moment asked.
-    grown: Option<(FxHashSet<usize>, Attributed)>,
+    grown: Option<FxHashMap<usize, Attributed>>,
+    /// In a trace with no frame, what each allocation was to the program's loop (see [`super::lifetimes`]), once
+    /// a moment asked.
+    roles: Option<Option<super::lifetimes::Roles>>,
 }
 
 impl TraceEvidence {
     pub fn of(dev: &DeviceTimeline) -> TraceEvidence {
         let stacks = dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
-        TraceEvidence { stacks, by_size: None, parameters_at_end: None, backward: None, grown: None }
+        TraceEvidence { stacks, by_size: None, parameters_at_end: None, backward: None, grown: None, roles: None }
     }
 
-    /// What a frameless allocation at event `i` is, when it re-made an object grown by concatenation.
+    /// What a frameless allocation at event `i` is, when it re-made an object grown by concatenation: a cache's
+    /// (several growing side by side a little at a time), or an accumulator's (one growing alone, or a buffer the
+    /// loop appends a batch to, each copy up to twice the last).
     fn grown(&mut self, dev: &DeviceTimeline, i: u32) -> Option<Attributed> {
-        let (events, what) = self.grown.get_or_insert_with(|| {
-            let grown = super::concatenation::of_frameless_trace(&dev.events).unwrap_or_default();
-            let (category, reason) = if grown.a_cache(&dev.events) {
-                ("kv_cache", Reason::GrownSideBySide)
+        let grown = self.grown.get_or_insert_with(|| {
+            let inferred =
+                |category, reason| Attributed { category, source: Some(Source::Inferred), reason: Some(reason) };
+            let objects = super::concatenation::of_frameless_trace(&dev.events).unwrap_or_default();
+            let what = if objects.a_cache(&dev.events) {
+                inferred("kv_cache", Reason::GrownSideBySide)
             } else {
-                ("user_tensor", Reason::GrownAlone)
+                inferred("user_tensor", Reason::GrownAlone)
             };
-            (grown.events(), Attributed { category, source: Some(Source::Inferred), reason: Some(reason) })
+            let mut by_event: FxHashMap<usize, Attributed> = objects.events().into_iter().map(|e| (e, what)).collect();
+            for e in super::concatenation::frameless_buffers(&dev.events).into_iter().flatten() {
+                by_event.entry(e).or_insert(inferred("user_tensor", Reason::GrownAlone));
+            }
+            by_event
         });
-        events.contains(&(i as usize)).then_some(*what)
+        grown.get(&(i as usize)).copied()
+    }
+
+    /// What a frameless allocation at event `i` was to the program's loop, read from its lifetime.
+    fn role(
+        &mut self,
+        tl: &Timeline,
+        dev: &DeviceTimeline,
+        i: u32,
+        before_trace: bool,
+    ) -> Option<super::lifetimes::Role> {
+        self.roles(tl, dev, before_trace).and_then(|r| r.of(i as usize))
+    }
+
+    /// The roles of a frameless trace's allocations; `before_trace` says whether blocks from before the trace are
+    /// live (read at the first moment asked).
+    fn roles(&mut self, tl: &Timeline, dev: &DeviceTimeline, before_trace: bool) -> Option<&super::lifetimes::Roles> {
+        self.roles
+            .get_or_insert_with(|| {
+                let iterations = super::iterations::find(tl, &dev.events, &[]);
+                super::lifetimes::of_frameless_trace(&dev.events, iterations.as_ref(), before_trace)
+            })
+            .as_ref()
     }
 
     /// Whether the job trains (see [`super::facts::shows_backward`]). Only a job that trains keeps copies of its
@@ -276,8 +338,13 @@ impl TraceEvidence {
         tl: &Timeline,
         dev: &DeviceTimeline,
         cats: &mut CategoryCache,
+        before_trace: bool,
     ) -> &FxHashMap<u64, SizeEvidence> {
-        self.by_size.get_or_insert_with(|| size_evidence(tl, dev, cats))
+        if self.by_size.is_none() && !self.stacks {
+            self.roles(tl, dev, before_trace);
+        }
+        let roles = self.roles.as_ref().and_then(|r| r.as_ref());
+        self.by_size.get_or_insert_with(|| size_evidence(tl, dev, cats, roles))
     }
 }
 
@@ -298,6 +365,9 @@ fn attribute_with(
     let mut before_recording: Vec<(u64, u64)> = Vec::new();
     let mut backward: Vec<(u64, u64)> = Vec::new();
     let mut engine_checked: FxHashMap<StackId, bool> = FxHashMap::default();
+    // In a trace with no frame, the blocks it made before the loop's passes and kept: read as those from before it.
+    let mut built_first: Vec<(u64, u64)> = Vec::new();
+    let before_trace = state.allocated_blocks().any(|(_, _, b)| b.alloc_event.is_none());
     for (_, addr, b) in state.allocated_blocks() {
         let size = caller_size(b);
         let l = labels.get(&addr).copied().unwrap_or_default();
@@ -330,6 +400,17 @@ fn attribute_with(
             Some(i) => {
                 if let Some(a) = trace.grown(dev, i) {
                     out.blocks.insert(addr, a);
+                    continue;
+                }
+                match trace.role(tl, dev, i, before_trace) {
+                    None => {}
+                    Some(super::lifetimes::Role::BuiltFirst) => built_first.push((addr, size)),
+                    Some(role) => {
+                        if let Some((category, reason)) = of_role(role) {
+                            let a = Attributed { category, source: Some(Source::Inferred), reason: Some(reason) };
+                            out.blocks.insert(addr, a);
+                        }
+                    }
                 }
             }
         }
@@ -339,9 +420,17 @@ fn attribute_with(
     // that kind; only the rest are what the model is built of, and lend their sizes to the backward's judgement.
     if !before_recording.is_empty() && !events.is_empty() {
         let engine: FxHashSet<u64> = backward.iter().map(|&(a, _)| a).collect();
-        before_recording =
-            like_the_trace(&mut out, state, before_recording, &engine, trace.by_size(tl, dev, cats), events.len());
+        before_recording = like_the_trace(
+            &mut out,
+            state,
+            before_recording,
+            &engine,
+            trace.by_size(tl, dev, cats, before_trace),
+            events.len(),
+        );
     }
+    let made_in_trace: FxHashSet<u64> = built_first.iter().map(|&(a, _)| a).collect();
+    before_recording.extend(built_first);
 
     // Sizes a parameter has: known parameters, and the blocks kept from before recording (parameters and their
     // copies), and what a stack calls optimizer state (each moment has its parameter's size).
@@ -381,7 +470,7 @@ fn attribute_with(
     let counts: FxHashMap<u64, (u32, u32)> = if events.is_empty() {
         FxHashMap::default()
     } else {
-        let by_size = trace.by_size(tl, dev, cats);
+        let by_size = trace.by_size(tl, dev, cats, before_trace);
         by_size.iter().map(|(&size, ev)| (size, (ev.freed_from_before_after_step, ev.gradients_at_most))).collect()
     };
     // Copies are read from how the counts divide in a state-only dump, and in a trace that shows the job training.
@@ -395,7 +484,27 @@ fn attribute_with(
         counts_say_copies,
         parameters_elsewhere,
     );
+    for addr in made_in_trace {
+        if let Some(a) = out.blocks.get_mut(&addr) {
+            if a.reason.is_some() {
+                a.reason = Some(Reason::BuiltBeforeTheLoop);
+            }
+        }
+    }
     (out, roles)
+}
+
+/// The category and reason a frameless allocation's role in the loop gives it; `None` for what was built first,
+/// whose kind (parameter, gradient, optimizer state) is read as the blocks from before a trace are.
+fn of_role(role: super::lifetimes::Role) -> Option<(&'static str, Reason)> {
+    use super::lifetimes::Role;
+    match role {
+        Role::BuiltFirst => None,
+        Role::Transient => Some(("activation", Reason::MadeByAPass)),
+        Role::KeptWithItsPass => Some(("activation", Reason::KeptWithItsPass)),
+        Role::OutputKept => Some(("activation", Reason::PassOutputKept)),
+        Role::CopyKept => Some(("user_tensor", Reason::PassCopyKept)),
+    }
 }
 
 /// What the trace allocates of each size: how many allocations its stacks call a parameter's kind (parameter,
@@ -424,7 +533,13 @@ struct SizeEvidence {
     most_other: Option<&'static str>,
 }
 
-fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) -> FxHashMap<u64, SizeEvidence> {
+/// `frameless`: in a trace with no frame, what each allocation was to the loop, which says its kind as a stack would.
+fn size_evidence(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    cats: &mut CategoryCache,
+    frameless: Option<&super::lifetimes::Roles>,
+) -> FxHashMap<u64, SizeEvidence> {
     let mut by_size: FxHashMap<u64, SizeEvidence> = FxHashMap::default();
     let mut other: FxHashMap<u64, FxHashMap<&'static str, u32>> = FxHashMap::default();
     // Blocks of another kind than a parameter's that the trace allocated and has not freed yet.
@@ -441,6 +556,12 @@ fn size_evidence(tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) 
         match e.action {
             Action::Alloc => {
                 seen_alloc.insert(e.addr);
+                let by_role = frameless.and_then(|r| r.of(i)).and_then(of_role);
+                if let Some((c, _)) = by_role.filter(|_| e.stack == EMPTY_STACK) {
+                    *other.entry(e.size).or_default().entry(c).or_default() += 1;
+                    held.insert(e.addr, (e.size, c));
+                    continue;
+                }
                 // The engine's allocations outside AccumulateGrad (and, under stacks="python", all of its
                 // allocations, which have no frame) are as often an activation's gradient or a temporary as a
                 // weight's gradient: they say nothing of whether the size is a parameter's.

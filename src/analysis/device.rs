@@ -309,10 +309,23 @@ fn live_allocations(
         let n = if a.event_index.is_none() { &mut no_stack.before_trace } else { &mut no_stack.in_trace };
         n.0 += 1;
         n.1 += a.bytes;
-        if matches!(a.reason, Some(attribution::Reason::GrownSideBySide | attribution::Reason::GrownAlone)) {
-            no_stack.grown.0 += 1;
-            no_stack.grown.1 += a.bytes;
+        if a.event_index.is_none() {
+            continue;
         }
+        use attribution::Reason;
+        let kind = match a.reason {
+            Some(Reason::GrownSideBySide | Reason::GrownAlone) => &mut no_stack.grown,
+            Some(
+                Reason::BuiltBeforeTheLoop
+                | Reason::MadeByAPass
+                | Reason::KeptWithItsPass
+                | Reason::PassOutputKept
+                | Reason::PassCopyKept,
+            ) => &mut no_stack.by_lifetime,
+            _ => continue,
+        };
+        kind.0 += 1;
+        kind.1 += a.bytes;
     }
     let live_count = live.len();
     live.truncate(top);
@@ -331,6 +344,8 @@ struct NoStack {
     in_trace: (usize, u64),
     /// Of those in the trace, the copies of objects grown by concatenation (see `concatenation::Frameless`).
     grown: (usize, u64),
+    /// Of those in the trace, those whose kind their lifetime in the loop's passes says (see `lifetimes`).
+    by_lifetime: (usize, u64),
 }
 
 /// The `top` stack groups, and every live stack's bytes, largest first.
@@ -547,23 +562,36 @@ fn notes(
                  temporaries."
                     .to_string(),
             )
-        } else if grown.0 > 0 {
-            (
-                ": the capture recorded no stacks (context=None); record with context=\"all\"",
-                format!(
-                    "With no frame anywhere in the file, only what the trace shows tells their kinds apart: {} ({}) \
-                     are copies of objects re-made a little larger at every step, a cache where several grow \
-                     together and an accumulator where one grows alone; the rest are left unknown.",
+        } else {
+            let (by_lifetime, left) = (no_stack.by_lifetime, in_trace.0 - grown.0 - no_stack.by_lifetime.0);
+            let mut read = Vec::new();
+            if grown.0 > 0 {
+                read.push(format!(
+                    "{} ({}) are copies of objects re-made a little larger at every step, a cache where several \
+                     grow together and an accumulator where one grows alone",
                     grown.0,
                     bytes(grown.1)
-                ),
-            )
-        } else {
-            (
-                ": the capture recorded no stacks (context=None); record with context=\"all\"",
+                ));
+            }
+            if by_lifetime.0 > 0 {
+                read.push(format!(
+                    "{} ({}) are read from their lifetimes in the loop's passes: made before the passes and kept \
+                     (the model), made and let go of by a pass (its working memory), or kept from pass to pass",
+                    by_lifetime.0,
+                    bytes(by_lifetime.1)
+                ));
+            }
+            let judged = if read.is_empty() {
                 "With no frame anywhere in the file, nothing tells their kinds apart: they are left unknown."
-                    .to_string(),
-            )
+                    .to_string()
+            } else {
+                let rest = if left > 0 { format!("; the other {left} are left unknown") } else { String::new() };
+                format!(
+                    "With no frame anywhere in the file, only what the trace shows tells their kinds apart: {}{rest}.",
+                    read.join("; ")
+                )
+            };
+            (": the capture recorded no stacks (context=None); record with context=\"all\"", judged)
         };
         notes.push(format!(
             "{} of {} live allocations ({}) were recorded with no frame{cause}. {judged}",

@@ -12,6 +12,7 @@ pub mod fragments;
 mod imbalance;
 pub mod iterations;
 pub mod job_view;
+pub mod lifetimes;
 pub mod megatron;
 pub mod model;
 pub mod observed;

@@ -191,9 +191,10 @@ fn the_backwards_frameless_allocations_under_stacks_python_are_gradients_by_size
 }
 
 #[test]
-fn a_trace_recorded_without_any_stack_says_its_cause_and_claims_no_inference() {
+fn a_trace_recorded_without_any_stack_reads_its_blocks_from_their_lifetimes_not_from_the_backward() {
     // context=None: no frame anywhere. The backward's inference by size needs other allocations with frames, so the
-    // note must not say it was made; the allocations stay unknown.
+    // note must not claim it; what each block was to the loop (built first, a pass's working memory, kept from pass
+    // to pass) is read from its lifetime, inferred and said so, and names what the program held most of.
     let dir = common::generate("fixtures/gen_programs.py", "frameless", &["--n", "12", "--seed", "1"]);
     let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     let cases = manifest.as_array().unwrap();
@@ -208,9 +209,15 @@ fn a_trace_recorded_without_any_stack_says_its_cause_and_claims_no_inference() {
     let d = &v["devices"][0];
     let notes = d["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect::<Vec<_>>().join("\n");
     assert!(notes.contains("the capture recorded no stacks (context=None); record with context=\"all\""), "{notes}");
-    assert!(notes.contains("they are left unknown"), "{notes}");
+    assert!(notes.contains("read from their lifetimes in the loop's passes"), "{notes}");
     assert!(!notes.contains("taken as its gradients"), "{notes}");
-    assert!(by_category(d).iter().all(|(c, _)| c == "unknown"), "{:?}", by_category(d));
+    let cats = by_category(d);
+    assert!(cats.iter().all(|(c, _)| c != "gradient" && c != "unknown"), "{cats:?}");
+    for c in d["by_category"].as_array().unwrap() {
+        assert_eq!(c["source_bytes"]["inferred"], c["bytes"], "{c}");
+    }
+    let most = cats.iter().max_by_key(|(_, b)| *b).map(|(c, _)| c.as_str());
+    assert_eq!(most, case["holder"].as_str(), "{cats:?} in {}", case["file"]);
 }
 
 /// `by_category` at the end of a degraded real file, in MiB.
