@@ -272,12 +272,28 @@ pub struct TraceEvidence {
     /// In a trace with no frame, what each allocation was to the program's loop (see [`super::lifetimes`]), once
     /// a moment asked.
     roles: Option<Option<super::lifetimes::Roles>>,
+    /// The loop's passes where the caller found them already (the facts do), read for the roles.
+    iterations: Option<Option<super::iterations::Iterations>>,
 }
 
 impl TraceEvidence {
     pub fn of(dev: &DeviceTimeline) -> TraceEvidence {
         let stacks = dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
-        TraceEvidence { stacks, by_size: None, parameters_at_end: None, backward: None, grown: None, roles: None }
+        TraceEvidence {
+            stacks,
+            by_size: None,
+            parameters_at_end: None,
+            backward: None,
+            grown: None,
+            roles: None,
+            iterations: None,
+        }
+    }
+
+    /// With the loop's passes the caller found (from the whole trace, as [`super::iterations::find`] does).
+    pub fn with_iterations(mut self, iterations: Option<&super::iterations::Iterations>) -> TraceEvidence {
+        self.iterations = Some(iterations.cloned());
+        self
     }
 
     /// What a frameless allocation at event `i` is, when it re-made an object grown by concatenation: a cache's
@@ -318,7 +334,10 @@ impl TraceEvidence {
     fn roles(&mut self, tl: &Timeline, dev: &DeviceTimeline, before_trace: bool) -> Option<&super::lifetimes::Roles> {
         self.roles
             .get_or_insert_with(|| {
-                let iterations = super::iterations::find(tl, &dev.events, &[]);
+                let iterations = match self.iterations.take() {
+                    Some(it) => it,
+                    None => super::iterations::find(tl, &dev.events, &[]),
+                };
                 super::lifetimes::of_frameless_trace(&dev.events, iterations.as_ref(), before_trace)
             })
             .as_ref()

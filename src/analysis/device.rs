@@ -29,7 +29,6 @@ pub(super) fn analyze_device<'t>(
     });
     let events = &dev.events;
     let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
-    let oom_count = events.iter().filter(|e| e.action == Action::Oom).count();
     let last = (!events.is_empty()).then(|| events.len() as u32 - 1);
     let mut past_end = None;
     // A request the allocator rejected under its fraction cap leaves no `oom` entry: the log says it, and the
@@ -77,7 +76,8 @@ pub(super) fn analyze_device<'t>(
     // report: run it beside the report and the other facts.
     let (mut report, facts, state, attribution) = std::thread::scope(|s| {
         let leaks = beside(s, || facts::leak_pass(dev, &replay, &event_facts, last_event));
-        let (state, attribution, report) = device_report(tl, dev, opts, &replay, (moment, idx), oom_count, &mut cache);
+        let (state, attribution, report) =
+            device_report(tl, dev, opts, &replay, (moment, idx), &event_facts, &mut cache);
         let cx = facts::Context {
             tl,
             dev,
@@ -131,10 +131,11 @@ fn device_report(
     opts: &Options,
     replay: &Replay,
     (moment, idx): (Moment, Option<u32>),
-    oom_count: usize,
+    event_facts: &facts::EventFacts,
     cats: &mut categories::CategoryCache,
 ) -> (State, attribution::Attribution, DeviceReport) {
     let events = &dev.events;
+    let oom_count = events.iter().filter(|e| e.action == Action::Oom).count();
     let state = if events.is_empty() { State::from_segments(&dev.segments) } else { replay.state_at(idx) };
     let time_us = idx.and_then(|i| events[i as usize].time_us());
     let free_by_pool = free_by_pool(&state);
@@ -148,7 +149,8 @@ fn device_report(
     };
     let seen = idx.map_or(0, |i| i as usize + 1);
     let end = || replay.state_at(events.len().checked_sub(1).map(|i| i as u32));
-    let attribution = attribution::attribute(tl, dev, &state, seen, end, cats);
+    let mut evidence = attribution::TraceEvidence::of(dev).with_iterations(event_facts.iterations.as_ref());
+    let attribution = attribution::attribute_with_evidence(tl, dev, &state, seen, end, cats, &mut evidence);
     let (top_allocations, (by_stack, live_stacks), live_count, no_stack) =
         live_allocations(tl, dev, &state, &attribution, time_us, opts.top);
     let trace = trace_report(dev, replay);
