@@ -21,6 +21,8 @@ Variants, each written as torch would have written it (pickle protocol 4, frames
   python          stacks="python": only frames whose filename ends in .py or starts with '<' are kept; an empty
                   stack is [] on blocks/segments and a missing `frames` key on trace entries.
   late@0.5+python both.
+  none            context=None (`_record_memory_history(context=None)`): the trace kept, every frame gone (trace
+                  entries, blocks and segments `frames` []): what each block is must come from the trace's shape.
   state           state only (`_snapshot()` with no history): every trace [], every block/segment `frames` [].
 A variant that would equal the input (e.g. late@F on a file without a trace) is not run. torch 1.13 files (a bare
 segment list) get no variants.
@@ -31,7 +33,8 @@ device) whose input report has >= 256 MiB allocated, with full/deg = bytes per c
   wrong     = sum_{c != unknown} max(0, deg[c] - full[c]) / deg allocated
   unknown   = deg[unknown] / deg allocated
 A case passes with agreement >= 90%, wrong <= 5%, unknown <= 10%. Cases whose input report names < 50% of its
-allocated bytes are not scored ("reference too unnamed"). `state` rows are shown but never counted as failures.
+allocated bytes are not scored ("reference too unnamed"). `none` and `state` rows are shown but never counted as
+failures.
 
 Halves: the distinct file names (basename, or parent/basename where basenames collide) are sorted; the tuning
 half is the files at even positions (0, 2, 4, ...), the held-back half those at odd positions. The framework
@@ -67,7 +70,9 @@ PASS_WRONG = 0.05
 PASS_UNKNOWN = 0.10
 MIN_NAMED = 0.50
 LATE_FRACTIONS = (0.25, 0.5, 0.75)
-ALL_VARIANTS = ["late@0.25", "late@0.5", "late@0.75", "python", "late@0.5+python", "state"]
+ALL_VARIANTS = ["late@0.25", "late@0.5", "late@0.75", "python", "late@0.5+python", "none", "state"]
+# Shown, never counted as failures: captures that keep no frame at all, where much is not known by principle.
+REPORTED_ONLY = ("none", "state")
 LIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -353,6 +358,18 @@ def degrade_state(snap):
     return out, changed
 
 
+def degrade_none(snap):
+    """context=None: the trace kept, every frame removed."""
+    out, changed = degrade_state(snap)
+    traces = snap.get("device_traces") or []
+    out["device_traces"] = [[dict(e, frames=[]) if "frames" in e else e for e in t] if isinstance(t, list) else t
+                            for t in traces]
+    if "external_annotations" in snap:
+        out["external_annotations"] = snap["external_annotations"]
+    changed = changed or any(e.get("frames") for t in traces if isinstance(t, list) for e in t)
+    return out, changed and any(t for t in traces)
+
+
 def make_variant(snap, variant):
     if variant.startswith("late@"):
         spec = variant[len("late@"):]
@@ -366,6 +383,9 @@ def make_variant(snap, variant):
         return out
     if variant == "python":
         out, changed = degrade_python(snap)
+        return out if changed else None
+    if variant == "none":
+        out, changed = degrade_none(snap)
         return out if changed else None
     if variant == "state":
         out, changed = degrade_state(snap)
@@ -523,7 +543,7 @@ def attribution(args, inputs):
                 if fd["allocated"] < MIN_ALLOCATED:
                     continue
                 row = {"file": name, "half": which[name], "variant": v, "device": dev,
-                       "allocated": fd["allocated"], "counted": v != "state"}
+                       "allocated": fd["allocated"], "counted": v not in REPORTED_ONLY}
                 if "error" in deg or dev not in deg["devices"]:
                     row.update(agreement=None, wrong=None, unknown=None, ok=False,
                                error=deg.get("error", f"device {dev} missing"))
@@ -572,7 +592,7 @@ def attribution(args, inputs):
         s = {"cases": len(vr), "passed": passed, "median_agreement": med(r["agreement"] for r in vr),
              "median_unknown": med(r["unknown"] for r in vr), "median_wrong": med(r["wrong"] for r in vr)}
         summary[v] = s
-        tag = " (not counted)" if v == "state" else ""
+        tag = " (not counted)" if v in REPORTED_ONLY else ""
         print(f"{v}{tag}: {s['cases']} cases, {passed} passed, median agreement {pct(s['median_agreement'])}, "
               f"median unknown {pct(s['median_unknown'])}, median wrong {pct(s['median_wrong'])}")
     counted = [r for r in rows if r["counted"] and r["ok"] is not None]

@@ -319,26 +319,25 @@ impl TraceEvidence {
     }
 
     /// What a frameless allocation at event `i` was to the program's loop, read from its lifetime.
-    fn role(
-        &mut self,
-        tl: &Timeline,
-        dev: &DeviceTimeline,
-        i: u32,
-        before_trace: bool,
-    ) -> Option<super::lifetimes::Role> {
-        self.roles(tl, dev, before_trace).and_then(|r| r.of(i as usize))
+    fn role(&mut self, tl: &Timeline, dev: &DeviceTimeline, i: u32, state: &State) -> Option<super::lifetimes::Role> {
+        self.roles(tl, dev, state).and_then(|r| r.of(i as usize))
     }
 
     /// The roles of a frameless trace's allocations; `before_trace` says whether blocks from before the trace are
     /// live (read at the first moment asked).
-    fn roles(&mut self, tl: &Timeline, dev: &DeviceTimeline, before_trace: bool) -> Option<&super::lifetimes::Roles> {
+    fn roles(&mut self, tl: &Timeline, dev: &DeviceTimeline, state: &State) -> Option<&super::lifetimes::Roles> {
         self.roles
             .get_or_insert_with(|| {
                 let iterations = match self.iterations.take() {
                     Some(it) => it,
                     None => super::iterations::find(tl, &dev.events, &[]),
                 };
-                super::lifetimes::of_frameless_trace(&dev.events, iterations.as_ref(), before_trace)
+                let model: FxHashSet<u64> = state
+                    .allocated_blocks()
+                    .filter(|(_, _, b)| b.alloc_event.is_none())
+                    .map(|(_, _, b)| caller_size(b))
+                    .collect();
+                super::lifetimes::of_frameless_trace(&dev.events, iterations.as_ref(), &model)
             })
             .as_ref()
     }
@@ -357,10 +356,10 @@ impl TraceEvidence {
         tl: &Timeline,
         dev: &DeviceTimeline,
         cats: &mut CategoryCache,
-        before_trace: bool,
+        state: &State,
     ) -> &FxHashMap<u64, SizeEvidence> {
         if self.by_size.is_none() && !self.stacks {
-            self.roles(tl, dev, before_trace);
+            self.roles(tl, dev, state);
         }
         let roles = self.roles.as_ref().and_then(|r| r.as_ref());
         self.by_size.get_or_insert_with(|| size_evidence(tl, dev, cats, roles))
@@ -386,7 +385,6 @@ fn attribute_with(
     let mut engine_checked: FxHashMap<StackId, bool> = FxHashMap::default();
     // In a trace with no frame, the blocks it made before the loop's passes and kept: read as those from before it.
     let mut built_first: Vec<(u64, u64)> = Vec::new();
-    let before_trace = state.allocated_blocks().any(|(_, _, b)| b.alloc_event.is_none());
     for (_, addr, b) in state.allocated_blocks() {
         let size = caller_size(b);
         let l = labels.get(&addr).copied().unwrap_or_default();
@@ -421,7 +419,7 @@ fn attribute_with(
                     out.blocks.insert(addr, a);
                     continue;
                 }
-                match trace.role(tl, dev, i, before_trace) {
+                match trace.role(tl, dev, i, state) {
                     None => {}
                     Some(super::lifetimes::Role::BuiltFirst) => built_first.push((addr, size)),
                     Some(role) => {
@@ -444,7 +442,7 @@ fn attribute_with(
             state,
             before_recording,
             &engine,
-            trace.by_size(tl, dev, cats, before_trace),
+            trace.by_size(tl, dev, cats, state),
             events.len(),
         );
     }
@@ -489,7 +487,7 @@ fn attribute_with(
     let counts: FxHashMap<u64, (u32, u32)> = if events.is_empty() {
         FxHashMap::default()
     } else {
-        let by_size = trace.by_size(tl, dev, cats, before_trace);
+        let by_size = trace.by_size(tl, dev, cats, state);
         by_size.iter().map(|(&size, ev)| (size, (ev.freed_from_before_after_step, ev.gradients_at_most))).collect()
     };
     // Copies are read from how the counts divide in a state-only dump, and in a trace that shows the job training.
@@ -575,7 +573,9 @@ fn size_evidence(
         match e.action {
             Action::Alloc => {
                 seen_alloc.insert(e.addr);
-                let by_role = frameless.and_then(|r| r.of(i)).and_then(of_role);
+                // Only what pass after pass keeps says how blocks of its size from before the trace were kept.
+                let kept = frameless.and_then(|r| r.of(i)).filter(|r| r.kept_from_pass_to_pass());
+                let by_role = kept.and_then(of_role);
                 if let Some((c, _)) = by_role.filter(|_| e.stack == EMPTY_STACK) {
                     *other.entry(e.size).or_default().entry(c).or_default() += 1;
                     held.insert(e.addr, (e.size, c));

@@ -13,7 +13,7 @@
 //!   what follows it is the pass that ran out. Where blocks from before the trace are live, the model is among
 //!   those, and everything the trace made belongs to the pass.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::iterations::Iterations;
 use crate::timeline::stacks::EMPTY_STACK;
@@ -22,7 +22,7 @@ use crate::timeline::{Action, Event};
 /// What a frameless allocation was to the program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
-    /// Made before the loop's first pass (or in it, or later but only once) and kept: the model and its state.
+    /// Made before the loop's passes, or once by the first of them, and kept: the model and its state.
     BuiltFirst,
     /// Made by a pass and let go of within it or the next, or made by the pass that was running at the end.
     Transient,
@@ -32,6 +32,13 @@ pub enum Role {
     OutputKept,
     /// Kept from pass to pass, made as a copy of a tensor of its size that the pass let go of right after.
     CopyKept,
+}
+
+impl Role {
+    /// Whether the loop kept it from pass to pass (a leak).
+    pub fn kept_from_pass_to_pass(self) -> bool {
+        matches!(self, Role::KeptWithItsPass | Role::OutputKept | Role::CopyKept)
+    }
 }
 
 /// The role of every allocating event of a frameless trace, by event index (`None` for other events).
@@ -45,19 +52,19 @@ impl Roles {
     }
 }
 
-/// The roles of a trace with no frame, its passes `iterations` where found; `before_trace` says whether blocks made
-/// before the trace began are live (a wrapped or late history). `None` where the trace has frames or no allocation.
-pub fn of_frameless_trace(events: &[Event], iterations: Option<&Iterations>, before_trace: bool) -> Option<Roles> {
+/// The roles of a trace with no frame, its passes `iterations` where found; `model` holds the sizes of the blocks
+/// live from before the trace began (a wrapped or late history: the model is among them). `None` where the trace
+/// has frames or no allocation.
+pub fn of_frameless_trace(events: &[Event], iterations: Option<&Iterations>, model: &FxHashSet<u64>) -> Option<Roles> {
     if !events.iter().any(|e| e.action == Action::Alloc)
         || events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK)
     {
         return None;
     }
-    let freed = frees(events);
     let mut by_event = vec![None; events.len()];
     match iterations.filter(|it| it.ends.len() >= 2) {
-        Some(it) => by_pass(events, &it.ends, &freed, &mut by_event),
-        None => by_phase(events, before_trace, &mut by_event),
+        Some(it) => by_pass(events, &it.ends, &frees(events), &mut by_event),
+        None => by_phase(events, model, &mut by_event),
     }
     Some(Roles { by_event })
 }
@@ -88,13 +95,10 @@ fn by_pass(events: &[Event], ends: &[usize], freed: &[usize], by_event: &mut [Op
     let mut spans: Vec<usize> = ends.windows(2).map(|w| w[1] - w[0]).collect();
     spans.sort_unstable();
     let first_start = (ends[0] + 1).saturating_sub(spans[spans.len() / 2]);
-    // Kept: outlives the whole pass after its own. Counted per pass to tell a loop that keeps something every pass
-    // (a leak) from one whose state was made once.
-    let kept = |i: usize| {
-        let p = pass_of(i);
-        let until = ends.get(p + 1).copied().unwrap_or(usize::MAX);
-        freed[i] == usize::MAX && p + 1 < ends.len() || freed[i] != usize::MAX && freed[i] > until
-    };
+    // Kept: never let go of, though whole passes followed its own. Counted per pass to tell a loop that keeps
+    // something every pass (a leak) from one whose state was made once. A tensor carried into a later pass and let
+    // go of there (the last step's output, a buffer used in turn) is working memory, not kept.
+    let kept = |i: usize| freed[i] == usize::MAX && pass_of(i) + 1 < ends.len();
     let mut kept_per_pass = vec![0u32; ends.len()];
     for (i, e) in events.iter().enumerate() {
         if e.action == Action::Alloc && i >= first_start && pass_of(i) < ends.len() && kept(i) {
@@ -131,6 +135,11 @@ fn by_pass(events: &[Event], ends: &[usize], freed: &[usize], by_event: &mut [Op
                 Role::OutputKept
             }
         } else if !leaks && kept(i) {
+            // Made once and kept: by the first pass, the state a first step makes (gradients, optimizer moments);
+            // by a later one, nothing in the trace says what.
+            if p > 0 {
+                continue;
+            }
             Role::BuiltFirst
         } else {
             Role::Transient
@@ -148,30 +157,46 @@ fn copy_of_one_let_go(events: &[Event], i: usize) -> bool {
     next.is_some_and(|e| e.action != Action::Alloc && e.size == events[i].size && e.addr != events[i].addr)
 }
 
-fn by_phase(events: &[Event], before_trace: bool, by_event: &mut [Option<Role>]) {
+/// A trace whose first pass ran out (no pass completed): read only at an OOM, whose pass is what the trace ends
+/// in. A trace with neither passes nor an OOM says nothing of which of its blocks are working memory.
+fn by_phase(events: &[Event], model: &FxHashSet<u64>, by_event: &mut [Option<Role>]) {
+    if !events.iter().any(|e| e.action == Action::Oom) {
+        return;
+    }
+    let freed = frees(events);
     let allocs: Vec<usize> = (0..events.len()).filter(|&i| events[i].action == Action::Alloc).collect();
-    // The model: what the first phase of several allocations made, unless blocks from before the trace are live.
+    // The model: blocks from before the trace, or what the first phase of several allocations made.
     let mut built_until = 0;
-    if !before_trace {
+    if model.is_empty() {
         let mut last_of: FxHashMap<u64, usize> = FxHashMap::default();
         for (k, &i) in allocs.iter().enumerate() {
             last_of.insert(events[i].size, k);
         }
-        // A phase ends at `k` where no size made before `k` is made again after it.
+        // A phase ends at `k` where no size made before `k` is made again after it. The model is kept: a phase
+        // the trace let go of (a warm-up, tensors made and dropped) is not it.
         let (mut start, mut reach) = (0, 0);
         for (k, &i) in allocs.iter().enumerate() {
             reach = reach.max(last_of[&events[i].size]);
             if reach == k {
-                if k > start && k + 1 < allocs.len() {
+                let kept = allocs[start..=k].iter().all(|&a| freed[a] == usize::MAX);
+                if k > start && k + 1 < allocs.len() && kept {
                     built_until = k + 1;
                     break;
                 }
                 start = k + 1;
             }
         }
+        if built_until == 0 {
+            // Neither blocks from before the trace nor a phase kept: nothing says where the model ends.
+            return;
+        }
     }
+    let mut sizes: FxHashSet<u64> = model.clone();
+    sizes.extend(allocs[..built_until].iter().map(|&i| events[i].size));
     for (k, &i) in allocs.iter().enumerate() {
-        by_event[i] = Some(if k < built_until { Role::BuiltFirst } else { Role::Transient });
+        // Kept, of a size the model has: a copy of its weights (a gradient, an optimizer moment), read as they are.
+        let copy = freed[i] == usize::MAX && sizes.contains(&events[i].size);
+        by_event[i] = Some(if k < built_until || copy { Role::BuiltFirst } else { Role::Transient });
     }
 }
 
@@ -215,7 +240,7 @@ mod tests {
     fn a_loop_reads_as_model_working_memory_and_what_each_pass_keeps() {
         let roles_of = |events: &[Event], ends: Vec<usize>| {
             let it = Iterations { ends, source: Source::RepeatingSizes };
-            let roles = of_frameless_trace(events, Some(&it), false).expect("frameless");
+            let roles = of_frameless_trace(events, Some(&it), &FxHashSet::default()).expect("frameless");
             events.iter().enumerate().filter_map(|(i, _)| roles.of(i)).collect::<Vec<_>>()
         };
         let (healthy, ends) = looped(6, 0, false);
@@ -238,28 +263,40 @@ mod tests {
 
     #[test]
     fn a_first_pass_that_ran_out_reads_in_phases() {
+        let none = FxHashSet::default();
         // One lone allocation, the model (two sizes repeated), the batch, then the pass (sizes repeated per layer).
         let mut items = vec![(Action::Alloc, 1, 512)];
         for l in 0..4 {
             items.push((Action::Alloc, 10 + 2 * l, 8192));
             items.push((Action::Alloc, 11 + 2 * l, 1024));
         }
+        let model_end = items.len();
         items.push((Action::Alloc, 30, 2048));
         for l in 0..4 {
             items.push((Action::Alloc, 40 + 2 * l, 4096));
             items.push((Action::Alloc, 41 + 2 * l, 16384));
         }
+        // Without an OOM the trace says nothing of which blocks are working memory.
         let events = trace(&items);
-        let roles = of_frameless_trace(&events, None, false).unwrap();
+        assert!((0..events.len()).all(|i| of_frameless_trace(&events, None, &none).unwrap().of(i).is_none()));
+        items.push((Action::Oom, 0, 65536));
+        let events = trace(&items);
+        let roles = of_frameless_trace(&events, None, &none).unwrap();
         let r: Vec<Role> = (0..events.len()).filter_map(|i| roles.of(i)).collect();
         assert_eq!(r.iter().filter(|&&x| x == Role::BuiltFirst).count(), 9, "{r:?}");
         assert!(r[9..].iter().all(|&x| x == Role::Transient));
-        // With blocks from before the trace live, the model is among them: the trace made only the pass.
-        let roles = of_frameless_trace(&events, None, true).unwrap();
-        assert!((0..events.len()).all(|i| roles.of(i) == Some(Role::Transient)));
+        // With blocks from before the trace live, the model is among them: the trace made the pass, and what it
+        // kept of the model's sizes (a gradient, an optimizer moment) is read as the model's.
+        let mut pass = items[model_end..].to_vec();
+        pass.insert(3, (Action::Alloc, 99, 8192));
+        let events = trace(&pass);
+        let model: FxHashSet<u64> = [8192, 1024].into_iter().collect();
+        let roles = of_frameless_trace(&events, None, &model).unwrap();
+        let r: Vec<(u64, Role)> = (0..events.len()).filter_map(|i| roles.of(i).map(|x| (events[i].size, x))).collect();
+        assert!(r.iter().all(|&(size, x)| (x == Role::BuiltFirst) == (size == 8192)), "{r:?}");
         // A trace with frames is read by its stacks.
         let mut framed = events.clone();
         framed[0].stack = 1;
-        assert!(of_frameless_trace(&framed, None, false).is_none());
+        assert!(of_frameless_trace(&framed, None, &none).is_none());
     }
 }
