@@ -548,6 +548,9 @@ struct SizeEvidence {
     gradients_at_most: u32,
     /// The category the trace allocates this size as most often, of those not a parameter's kind.
     most_other: Option<&'static str>,
+    /// In a trace with no frame, its own allocations of this size still live at its end that no role named: kept
+    /// as the blocks from before it may be, which their frees alone then do not make transient.
+    kept_unnamed: u32,
 }
 
 /// `frameless`: in a trace with no frame, what each allocation was to the loop, which says its kind as a stack would.
@@ -569,6 +572,8 @@ fn size_evidence(
     let mut gradients_live: FxHashMap<u64, u32> = FxHashMap::default();
     // Each size's record counts of live gradients, with the event that set them (rising in both).
     let mut gradient_records: FxHashMap<u64, Vec<(usize, u32)>> = FxHashMap::default();
+    let no_frame = !dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
+    let mut unnamed_held: FxHashMap<u64, u64> = FxHashMap::default();
     for (i, e) in dev.events.iter().enumerate() {
         match e.action {
             Action::Alloc => {
@@ -595,6 +600,9 @@ fn size_evidence(
                         records.push((i, *live));
                     }
                 }
+                if e.stack == EMPTY_STACK && no_frame {
+                    unnamed_held.insert(e.addr, e.size);
+                }
                 if e.stack == EMPTY_STACK || engine_only {
                     continue;
                 }
@@ -619,6 +627,7 @@ fn size_evidence(
             }
             Action::FreeRequested => {
                 held.remove(&e.addr);
+                unnamed_held.remove(&e.addr);
                 if let Some(size) = gradient_like.remove(&e.addr) {
                     if let Some(live) = gradients_live.get_mut(&size) {
                         *live = live.saturating_sub(1);
@@ -661,6 +670,9 @@ fn size_evidence(
     }
     for (size, counts) in other {
         by_size.entry(size).or_default().most_other = most_common(&counts).map(|(c, _)| c);
+    }
+    for (_, size) in unnamed_held {
+        by_size.entry(size).or_default().kept_unnamed += 1;
     }
     by_size
 }
@@ -808,7 +820,7 @@ fn like_the_trace(
         let span = ev.last_freed_from_before.saturating_sub(ev.first_freed_from_before);
         let after = events.saturating_sub(ev.last_freed_from_before + 1);
         let still_freeing = ev.freed_from_before >= 2 && after <= span;
-        if ev.parameter_kind == 0 && still_freeing {
+        if ev.parameter_kind == 0 && ev.kept_unnamed == 0 && still_freeing {
             let category = ev.most_other.filter(|c| *c != "unknown").unwrap_or("activation");
             let a = Attributed { category, source: Some(Source::Inferred), reason: Some(Reason::FreedLikeIt) };
             out.blocks.insert(addr, a);
