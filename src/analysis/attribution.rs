@@ -572,8 +572,6 @@ fn size_evidence(
     let mut gradients_live: FxHashMap<u64, u32> = FxHashMap::default();
     // Each size's record counts of live gradients, with the event that set them (rising in both).
     let mut gradient_records: FxHashMap<u64, Vec<(usize, u32)>> = FxHashMap::default();
-    let no_frame = !dev.events.iter().any(|e| e.action == Action::Alloc && e.stack != EMPTY_STACK);
-    let mut unnamed_held: FxHashMap<u64, u64> = FxHashMap::default();
     for (i, e) in dev.events.iter().enumerate() {
         match e.action {
             Action::Alloc => {
@@ -600,8 +598,8 @@ fn size_evidence(
                         records.push((i, *live));
                     }
                 }
-                if e.stack == EMPTY_STACK && no_frame {
-                    unnamed_held.insert(e.addr, e.size);
+                if e.stack == EMPTY_STACK && frameless.is_some_and(|r| r.live_at_end(i)) {
+                    by_size.entry(e.size).or_default().kept_unnamed += 1;
                 }
                 if e.stack == EMPTY_STACK || engine_only {
                     continue;
@@ -627,7 +625,6 @@ fn size_evidence(
             }
             Action::FreeRequested => {
                 held.remove(&e.addr);
-                unnamed_held.remove(&e.addr);
                 if let Some(size) = gradient_like.remove(&e.addr) {
                     if let Some(live) = gradients_live.get_mut(&size) {
                         *live = live.saturating_sub(1);
@@ -670,9 +667,6 @@ fn size_evidence(
     }
     for (size, counts) in other {
         by_size.entry(size).or_default().most_other = most_common(&counts).map(|(c, _)| c);
-    }
-    for (_, size) in unnamed_held {
-        by_size.entry(size).or_default().kept_unnamed += 1;
     }
     by_size
 }

@@ -44,11 +44,18 @@ impl Role {
 /// The role of every allocating event of a frameless trace, by event index (`None` for other events).
 pub struct Roles {
     by_event: Vec<Option<Role>>,
+    /// Per allocating event, the event that freed its block (see [`frees`]).
+    freed: Vec<usize>,
 }
 
 impl Roles {
     pub fn of(&self, event: usize) -> Option<Role> {
         self.by_event.get(event).copied().flatten()
+    }
+
+    /// Whether the block the allocation at `event` made is still live at the trace's end.
+    pub fn live_at_end(&self, event: usize) -> bool {
+        self.freed.get(event) == Some(&usize::MAX)
     }
 }
 
@@ -62,11 +69,12 @@ pub fn of_frameless_trace(events: &[Event], iterations: Option<&Iterations>, mod
         return None;
     }
     let mut by_event = vec![None; events.len()];
+    let freed = frees(events);
     match iterations.filter(|it| it.ends.len() >= 2) {
-        Some(it) => by_pass(events, &it.ends, &frees(events), &mut by_event),
-        None => by_phase(events, model, &mut by_event),
+        Some(it) => by_pass(events, &it.ends, &freed, &mut by_event),
+        None => by_phase(events, model, &freed, &mut by_event),
     }
-    Some(Roles { by_event })
+    Some(Roles { by_event, freed })
 }
 
 /// Per allocating event, the event that freed its block (`usize::MAX` where none did, and for other events).
@@ -159,11 +167,10 @@ fn copy_of_one_let_go(events: &[Event], i: usize) -> bool {
 
 /// A trace whose first pass ran out (no pass completed): read only at an OOM, whose pass is what the trace ends
 /// in. A trace with neither passes nor an OOM says nothing of which of its blocks are working memory.
-fn by_phase(events: &[Event], model: &FxHashSet<u64>, by_event: &mut [Option<Role>]) {
+fn by_phase(events: &[Event], model: &FxHashSet<u64>, freed: &[usize], by_event: &mut [Option<Role>]) {
     if !events.iter().any(|e| e.action == Action::Oom) {
         return;
     }
-    let freed = frees(events);
     let allocs: Vec<usize> = (0..events.len()).filter(|&i| events[i].action == Action::Alloc).collect();
     // The model: blocks from before the trace, or what the first phase of several allocations made.
     let mut built_until = 0;
