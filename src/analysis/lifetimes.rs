@@ -3,15 +3,20 @@
 //! still holds:
 //!
 //! - where the loop's passes are found (see [`super::iterations`]), what was made before the first pass and kept is
-//!   the model (and what the first step made and kept: gradients and optimizer state where it trains); what a pass
-//!   makes and lets go of within it, or what the pass running at the end made, is that pass's working memory (its
-//!   activations); what pass after pass makes and keeps is held from step to step (a leak): several per pass are
-//!   the pass's saved tensors, kept by a reference to its graph; one made as a copy of a tensor the pass let go of
-//!   at once (`.clone()`, `.float()`) is the program's own;
-//! - where no pass completed (the first one ran out), the trace is read in phases: runs of allocations whose sizes
-//!   the rest of the trace never makes. The first phase of more than one allocation is the model being built, and
-//!   what follows it is the pass that ran out. Where blocks from before the trace are live, the model is among
-//!   those, and everything the trace made belongs to the pass.
+//!   the model (and what the first pass made and kept: gradients and optimizer state where it trains); what a pass
+//!   makes and lets go of, even passes later, or what the pass running at the end made, is working memory (its
+//!   activations); what pass after pass makes and never lets go of is held from step to step (a leak): several per
+//!   pass are the pass's saved tensors, kept by a reference to its graph; one made as a copy of a tensor the pass
+//!   let go of at once (`.clone()`, `.float()`) is the program's own. What a later pass made once and kept is left
+//!   unsaid;
+//! - where no pass completed (the first one ran out), the trace is read in phases, and only at its OOM: runs of
+//!   allocations whose sizes the rest of the trace never makes. The model is the blocks from before the trace, or
+//!   else the first phase of several allocations that the trace kept; what the trace kept of the model's sizes are
+//!   its copies (gradients, optimizer moments); the rest is the pass that ran out. Without a model found so, or
+//!   without an OOM, nothing says which blocks were working memory.
+//!
+//! Real captures stripped of their frames (`bench/attribution.py --variants none`) are the check that this holds
+//! beyond the generator it was first built on.
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -24,7 +29,7 @@ use crate::timeline::{Action, Event};
 pub enum Role {
     /// Made before the loop's passes, or once by the first of them, and kept: the model and its state.
     BuiltFirst,
-    /// Made by a pass and let go of within it or the next, or made by the pass that was running at the end.
+    /// Made by a pass and let go of (within it or passes later), or made by the pass that was running at the end.
     Transient,
     /// Kept from pass to pass, with others of its pass: a graph held by a reference to its output.
     KeptWithItsPass,
