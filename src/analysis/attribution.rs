@@ -66,7 +66,8 @@ pub enum Reason {
     GrownAlone,
     /// A trace with no frame: made before the loop's passes, or by the first of them only, and kept.
     BuiltBeforeTheLoop,
-    /// A trace with no frame: made by a pass of the loop and let go of within it, or by the pass that was running.
+    /// A trace with no frame: made by a pass of the loop and let go of (within it or passes later), or by the pass
+    /// that was running.
     MadeByAPass,
     /// A trace with no frame: kept from pass to pass, with others its pass made.
     KeptWithItsPass,
@@ -109,8 +110,8 @@ impl Reason {
                  model"
             }
             Reason::MadeByAPass => {
-                "no stack recorded; made by a pass of the loop and let go of within it, or by the pass that ran \
-                 out: its working memory"
+                "no stack recorded; made by a pass of the loop and let go of, or by the pass that ran out: its \
+                 working memory"
             }
             Reason::KeptWithItsPass => {
                 "no stack recorded; kept from pass to pass with the rest of its pass's tensors: a graph held by a \
