@@ -34,16 +34,23 @@ pub(super) fn analyze_device<'t>(
     // A request the allocator rejected under its fraction cap leaves no `oom` entry: the log says it, and the
     // snapshot (written from the exception) ends there.
     let rejected = last_oom.is_none() && super::whatif::oom_event(tl, dev).is_some();
+    // A state-only dump written where the OOM was caught holds the state the log's message describes: that moment is
+    // the OOM, and the message says what was asked.
+    let dumped_at_oom = events.is_empty()
+        && observed::last_oom_message(tl, dev.device).is_some_and(|m| {
+            let state = State::from_segments(&dev.segments);
+            observed::describes_state(m, state.allocated, state.reserved)
+        });
     let (moment, idx): (Moment, Option<u32>) = match &opts.at {
         At::Auto => match last_oom {
             Some(i) => (Moment::Oom, Some(i)),
-            None if rejected => (Moment::Oom, last),
+            None if rejected || dumped_at_oom => (Moment::Oom, last),
             None if events.is_empty() => (Moment::End, None),
             None => (Moment::Peak, replay.peak_allocated.1),
         },
         At::Oom => match last_oom {
             Some(i) => (Moment::Oom, Some(i)),
-            None if rejected => (Moment::Oom, last),
+            None if rejected || dumped_at_oom => (Moment::Oom, last),
             None => return Err(AnalysisError::NoOom(dev.device)),
         },
         At::Peak => (Moment::Peak, replay.peak_allocated.1),

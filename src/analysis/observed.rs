@@ -25,6 +25,32 @@ pub fn last_oom_message(tl: &Timeline, device: i64) -> Option<&OomMessage> {
     named.or_else(|| only_gpu.then(|| tl.ooms.iter().rev().find(|o| o.device.is_none())).flatten())
 }
 
+/// Whether a state-only dump holds the state an OOM message describes: the same allocated and reserved bytes as the
+/// message prints them (two decimals of the largest unit, as torch's `format_size`). A dump written where the OOM was
+/// caught (`_snapshot()` in the `except` handler) does; one written at any other moment almost never matches both.
+pub fn describes_state(m: &OomMessage, allocated: u64, reserved: u64) -> bool {
+    let Some(a) = m.allocated_bytes else { return false };
+    // Torch ≥ 2.1 prints the reserved-but-unallocated bytes, older ones the reserved total; the reader derives the
+    // other from the two printed figures, which need not print back the same.
+    let reserved_matches =
+        m.reserved_unallocated_bytes.is_some_and(|u| same_as_printed(u, reserved.saturating_sub(allocated)))
+            || m.reserved_bytes.is_some_and(|r| same_as_printed(r, reserved));
+    same_as_printed(a, allocated) && reserved_matches
+}
+
+/// `exact` printed the way torch prints sizes reads as `printed` (itself read from such a print).
+fn same_as_printed(printed: u64, exact: u64) -> bool {
+    fn torch_format(n: u64) -> String {
+        match n {
+            0..=1024 => format!("{n} bytes"),
+            1025..=1_048_576 => format!("{:.2} KiB", n as f64 / 1024.0),
+            1_048_577..=1_073_741_824 => format!("{:.2} MiB", n as f64 / 1_048_576.0),
+            _ => format!("{:.2} GiB", n as f64 / 1_073_741_824.0),
+        }
+    }
+    torch_format(printed) == torch_format(exact)
+}
+
 /// GPUs the logs name (or GPU 0 for messages that name none), for a timeline without a snapshot device.
 pub fn log_devices(tl: &Timeline) -> Vec<i64> {
     let mut v: Vec<i64> = tl.ooms.iter().map(|o| o.device.unwrap_or(0)).collect();
@@ -383,4 +409,48 @@ pub fn outside_pytorch_facts(f: &mut Facts, r: &DeviceReport, gpu_memory: Option
     f.num("nonpytorch_bytes", other as f64, Unit::Bytes, "GPU memory in use outside PyTorch's cache at the moment");
     f.num("nonpytorch_share", other as f64 / total.max(1) as f64, Unit::Ratio, "its share of the GPU");
     f.text("nonpytorch.source", source, "where the non-PyTorch figure comes from");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A message as torch ≥ 2.1 (or, with `reserved` only, 1.4–2.0) words it, read back by the log reader.
+    fn message(allocated: &str, unallocated: Option<&str>, reserved: Option<&str>) -> OomMessage {
+        let text = match (unallocated, reserved) {
+            (Some(u), _) => format!(
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 176.00 MiB. GPU 0 has a total capacity \
+                 of 139.80 GiB of which 131.25 GiB is free. Of the allocated memory {allocated} is allocated by \
+                 PyTorch, and {u} is reserved by PyTorch but unallocated."
+            ),
+            (None, Some(r)) => format!(
+                "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; \
+                 {allocated} already allocated; 3.44 MiB free; {r} reserved in total by PyTorch)"
+            ),
+            (None, None) => "RuntimeError: CUDA error: out of memory".to_string(),
+        };
+        let mut ooms = crate::ingest::oom_log::parse(&text, "log").ooms;
+        assert_eq!(ooms.len(), 1, "{text}");
+        ooms.remove(0)
+    }
+
+    #[test]
+    fn a_state_matches_a_message_as_torch_prints_its_sizes() {
+        const GIB: f64 = (1u64 << 30) as f64;
+        let m = message("7.87 GiB", Some("8.30 MiB"), None);
+        let exact = 8_452_567_040;
+        assert!(describes_state(&m, exact, exact + 8_703_181 + 1000));
+        // 7.88 GiB printed: another moment.
+        let other = (7.88 * GIB) as u64;
+        assert!(!describes_state(&m, other, other + 8_703_181));
+        // The cached free differs: another moment with the same allocated bytes.
+        assert!(!describes_state(&m, exact, exact + (20 << 20)));
+        // Torch prints up to 1024 bytes as bytes and 1 GiB as 1024.00 MiB.
+        assert!(same_as_printed(1024, 1024) && !same_as_printed(1024, 1025));
+        assert!(same_as_printed(1 << 30, 1 << 30) && !same_as_printed(1 << 30, (1 << 30) + (6 << 20)));
+        // Old messages give the reserved total; a message without either says nothing of the cache.
+        let old = message("7.87 GiB", None, Some("7.89 GiB"));
+        assert!(describes_state(&old, exact, (7.89 * GIB) as u64));
+        assert!(!describes_state(&message("7.87 GiB", None, None), exact, exact));
+    }
 }

@@ -24,6 +24,11 @@ const SMALL_SHARE: f64 = 0.10;
 /// A holder's `stack` when nothing was recorded.
 const NO_STACK: &str = "(no stack recorded)";
 
+/// For a dump with no history: stacks alone would not help, what holds the memory comes from the history.
+const HISTORY_ADVICE: &str = "record the allocation history before the failing step, so the next snapshot says what \
+     held the memory: torch.cuda.memory._record_memory_history(max_entries=100000) (oomdoc.record() does it), then \
+     _dump_snapshot() where it fails";
+
 /// What holds the most memory at the moment.
 #[derive(Clone, Debug, Serialize)]
 pub struct Holder {
@@ -287,8 +292,9 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
         allowed_bytes: allowed,
     });
     let holder = d.holder.clone();
+    let nothing_named = holder.is_some() && names_nothing(d);
     // Without allocator data the message is all there is: its arithmetic decides, its traceback hints.
-    let message_only = holder.is_none() && d.oom.is_some();
+    let message_only = names_nothing(d) && d.oom.is_some();
     let decided_by = message_decider(d);
     let likely =
         d.oom.as_ref().and_then(|o| o.message.as_ref()).filter(|_| message_only).and_then(raising_line::likely);
@@ -354,6 +360,10 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
         },
     };
     match &holder {
+        Some(_) if nothing_named => first.push_str(&format!(
+            "; the file holds the allocator's state only (no history, no stack): what held its {} is not known.",
+            bytes(d.allocated_bytes)
+        )),
         Some(h) if h.stack == NO_STACK && h.source.is_none() => first.push_str(&format!(
             "; {} of what was allocated ({}) has no recorded stack.",
             crate::units::percent(h.bytes, d.allocated_bytes),
@@ -411,6 +421,10 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
             Some(_) if other_ran_out.is_some() => {
                 format!("It did not run out of memory; GPU {} did.", other_ran_out.expect("matched"))
             }
+            Some(_) if message_only => {
+                decided_by.map_or(String::new(), |dec| decider_words(dec, d, arithmetic.as_ref()))
+            }
+            Some(_) if nothing_named => format!("No checklist item names a cause beyond that; {HISTORY_ADVICE}."),
             Some(h) => {
                 // Found but sized nothing (churn, a missing no_sync): said, so the sentence does not deny what the
                 // causes list shows.
@@ -437,6 +451,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
     };
     let summary = if second.is_empty() { first } else { format!("{first} {second}") };
     let mut remedies: Vec<String> = match (primary, &holder) {
+        (None, Some(_)) if nothing_named => Vec::new(),
         (None, Some(h)) if other_ran_out.is_none() => remedies(h.category).iter().map(|s| s.to_string()).collect(),
         _ => Vec::new(),
     };
@@ -449,6 +464,9 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
             );
         }
         remedies.extend(likely.as_ref().map(|l| l.remedy.to_string()));
+    }
+    if nothing_named && other_ran_out.is_none() {
+        remedies.push(HISTORY_ADVICE.into());
     }
     Verdict {
         summary,
@@ -659,9 +677,20 @@ fn proofs(d: &DeviceReport, primary: Option<&Finding>) -> (Vec<String>, Option<S
 /// measured on H100 and H200 GPUs; rules/nccl-overhead.toml): nothing to hunt, so not what decided an OOM.
 const CONTEXT_ONLY: f64 = 1.5 * (1u64 << 30) as f64;
 
+/// Whether the device's data says nothing of what held its memory: none was given, or a state-only dump whose sizes
+/// named none of it (no history, no stack, no inference). Its OOM message is then all there is.
+fn names_nothing(d: &DeviceReport) -> bool {
+    d.holder.as_ref().is_none_or(|h| {
+        d.trace.entries == 0
+            && h.stack == NO_STACK
+            && h.source.is_none()
+            && d.by_category.iter().all(|c| c.category == h.category)
+    })
+}
+
 /// Which of an OOM message's figures decided it, where the message is all there is (no allocator data).
 fn message_decider(d: &DeviceReport) -> Option<Decider> {
-    let o = d.oom.as_ref().filter(|_| d.holder.is_none())?;
+    let o = d.oom.as_ref().filter(|_| names_nothing(d))?;
     let fact = |name: &str| d.facts.get(name).map(|f| &f.value);
     let num = |name: &str| match fact(name) {
         Some(super::facts::Val::Num(n)) if *n >= 0.0 => Some(*n as u64),

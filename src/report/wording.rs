@@ -522,7 +522,10 @@ pub fn verdict_detail(d: &DeviceReport) -> Vec<String> {
         out.push(format!("causes, by the memory they explain: {}", parts.join(" · ")));
     }
     out.extend(v.proven.iter().cloned());
-    if let Some(h) = &v.holder {
+    if v.holder.is_some() && (v.likely.is_some() || v.decided_by.is_some()) {
+        // The message decided the sentence (nothing said what held the memory): no remedy is in it.
+        out.extend(v.remedies.iter().map(|r| format!("to try: {r}")));
+    } else if let Some(h) = &v.holder {
         for r in v.remedies.iter().skip(1) {
             out.push(format!("also for {}: {r}", crate::analysis::verdict::category_words(h.category, &h.stack)));
         }

@@ -132,3 +132,34 @@ fn megatron_reports_beside_its_estimate() {
     let within = log_rules("fixtures/logs/megatron-within-estimate.log");
     assert!(!within.iter().any(|r| r.starts_with("megatron-footprint")), "{within:?}");
 }
+
+/// The real trainer run dumped with `_snapshot()` in its `except` handler (no history): the dump holds the state the
+/// log's message describes (7.87 GiB allocated, 8.30 MiB cached free, as torch prints them), so its moment is that OOM.
+/// Its sizes name nothing, so the message's arithmetic and raising line speak, and the advice is to record the history
+/// (what stacks alone would not give), not to record stacks.
+#[test]
+fn a_state_only_dump_written_at_the_oom_its_log_reports_reads_as_that_oom() {
+    let dir = "fixtures/real-gpu/frameworks/trainer-state-only";
+    let v = common::analyze_json(&[dir]);
+    let d = &v["devices"][0];
+    assert_eq!(d["moment"], "oom", "{d}");
+    assert_eq!(d["oom"]["requested_bytes"], 176u64 << 20);
+    let verdict = &d["verdict"];
+    assert_eq!(verdict["decided_by"], "cap", "{verdict}");
+    assert_eq!(verdict["likely"]["at"], "trainer_state_only.py:26 in body", "{verdict}");
+    let summary = verdict["summary"].as_str().unwrap();
+    assert!(summary.starts_with("GPU 0 ran out of memory asking for 176 MiB"), "{summary}");
+    assert!(summary.contains("the file holds the allocator's state only"), "{summary}");
+    let remedies: Vec<&str> = verdict["remedies"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
+    assert!(remedies.iter().any(|r| r.contains("_record_memory_history(max_entries=")), "{remedies:?}");
+    assert!(!remedies.iter().any(|r| r.contains("stacks=")), "stacks are not what the dump lacks: {remedies:?}");
+
+    // Beside another run's log the figures do not match: the dump stays the state it was, not that OOM.
+    let other = common::analyze_json(&[
+        "fixtures/real-gpu/frameworks/trainer-state-only/snapshot.pickle.xz",
+        "fixtures/real-gpu/one-line/stderr.log",
+    ]);
+    let d = &other["devices"][0];
+    assert_eq!(d["moment"], "end", "{d}");
+    assert!(d["oom"].is_null(), "{d}");
+}
