@@ -281,3 +281,23 @@ fn two_runs_open_on_their_difference() {
     actions(&mut single, &[Action::ToggleDifference]);
     assert!(!single.showing_difference, "one run has no difference to show");
 }
+
+/// A state-only dump read at its log's OOM (no trace: no cursor to move): the verdict's line says the OOM, every panel
+/// draws, and moving about does nothing harmful.
+#[test]
+fn a_state_only_dump_at_its_logs_oom_draws_every_panel() {
+    let job = load(&[
+        "fixtures/real-gpu/frameworks/trainer-state-only/snapshot.pickle.xz",
+        "fixtures/real-gpu/frameworks/trainer-state-only/stderr.log",
+    ]);
+    let mut app = open(&job, "trainer-state-only");
+    assert_eq!(app.cursor, None);
+    let live = screen(&app, 120, 36);
+    assert!(live.contains("GPU 0 ran out of memory asking for 176 MiB"), "the verdict's line, at the OOM: {live}");
+    actions(&mut app, &[Action::Jump(Jump::End), Action::Jump(Jump::Start), Action::NextPanel]);
+    assert_eq!(app.panel, Panel::Segments);
+    screen(&app, 120, 36);
+    actions(&mut app, &[Action::NextPanel]);
+    assert_eq!(app.panel, Panel::Findings);
+    screen(&app, 120, 36);
+}
