@@ -104,6 +104,9 @@ pub struct Verdict {
     /// At an OOM: the remedies replayed on this trace through the allocator model, proven or refuted, in words.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub proven: Vec<String>,
+    /// Where the file cannot say what held the memory for a reason a setting fixes: how to record the next run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture_advice: Option<String>,
 }
 
 /// The largest category of live memory at the moment and the lines that allocated most of it.
@@ -424,7 +427,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
             Some(_) if message_only => {
                 decided_by.map_or(String::new(), |dec| decider_words(dec, d, arithmetic.as_ref()))
             }
-            Some(_) if nothing_named => format!("No checklist item names a cause beyond that; {HISTORY_ADVICE}."),
+            Some(_) if nothing_named => "No checklist item names a cause beyond that.".to_string(),
             Some(h) => {
                 // Found but sized nothing (churn, a missing no_sync): said, so the sentence does not deny what the
                 // causes list shows.
@@ -465,9 +468,6 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
         }
         remedies.extend(likely.as_ref().map(|l| l.remedy.to_string()));
     }
-    if nothing_named && other_ran_out.is_none() {
-        remedies.push(HISTORY_ADVICE.into());
-    }
     Verdict {
         summary,
         primary_rule: primary.map(|f| f.rule.clone()),
@@ -479,6 +479,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
         decided_by,
         likely,
         proven: Vec::new(),
+        capture_advice: nothing_named.then(|| HISTORY_ADVICE.to_string()),
     }
 }
 

@@ -530,6 +530,7 @@ pub fn verdict_detail(d: &DeviceReport) -> Vec<String> {
             out.push(format!("also for {}: {r}", crate::analysis::verdict::category_words(h.category, &h.stack)));
         }
     }
+    out.extend(v.capture_advice.iter().map(|a| format!("next time: {a}")));
     out
 }
 

@@ -151,8 +151,13 @@ fn a_state_only_dump_written_at_the_oom_its_log_reports_reads_as_that_oom() {
     assert!(summary.starts_with("GPU 0 ran out of memory asking for 176 MiB"), "{summary}");
     assert!(summary.contains("the file holds the allocator's state only"), "{summary}");
     let remedies: Vec<&str> = verdict["remedies"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
-    assert!(remedies.iter().any(|r| r.contains("_record_memory_history(max_entries=")), "{remedies:?}");
-    assert!(!remedies.iter().any(|r| r.contains("stacks=")), "stacks are not what the dump lacks: {remedies:?}");
+    assert!(remedies.iter().any(|r| r.contains("micro-batch")), "the forward's activations: {remedies:?}");
+    assert!(remedies.iter().any(|r| r.contains("set_per_process_memory_fraction")), "the cap: {remedies:?}");
+    let advice = verdict["capture_advice"].as_str().unwrap();
+    assert!(advice.contains("_record_memory_history(max_entries="), "{advice}");
+    assert!(!advice.contains("stacks="), "stacks are not what the dump lacks: {advice}");
+    let text = String::from_utf8(common::oomdoc(&["analyze", dir]).stdout).unwrap();
+    assert!(text.contains("    next time: record the allocation history"), "one line under the verdict: {text}");
 
     // Beside another run's log the figures do not match: the dump stays the state it was, not that OOM.
     let other = common::analyze_json(&[
