@@ -24,6 +24,10 @@ const SMALL_SHARE: f64 = 0.10;
 /// A holder's `stack` when nothing was recorded.
 const NO_STACK: &str = "(no stack recorded)";
 
+/// For a dump whose blocks have stacks except those made before recording began.
+const EARLIER_ADVICE: &str = "start torch.cuda.memory._record_memory_history() before the model is built, with \
+     stacks=\"all\" where the backward allocates, so every block carries the stack that allocated it";
+
 /// For a dump with no history: stacks alone would not help, what holds the memory comes from the history.
 const HISTORY_ADVICE: &str = "record the allocation history before the failing step, so the next snapshot says what \
      held the memory: torch.cuda.memory._record_memory_history(max_entries=100000) (oomdoc.record() does it), then \
@@ -296,6 +300,12 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
     });
     let holder = d.holder.clone();
     let nothing_named = holder.is_some() && names_nothing(d);
+    // A dump without a trace whose largest share has no stack: with no history at all nothing has one; where some
+    // blocks have theirs, the others were made before recording began or on the autograd thread, which
+    // stacks="python" records no frame for. Either way the fix is in how to record, said
+    // under the verdict, not a remedy for the memory.
+    let unrecorded = holder.as_ref().is_some_and(|h| d.trace.entries == 0 && h.stack == NO_STACK && h.source.is_none());
+    let capture_advice = unrecorded.then_some(if nothing_named { HISTORY_ADVICE } else { EARLIER_ADVICE });
     // Without allocator data the message is all there is: its arithmetic decides, its traceback hints.
     let message_only = names_nothing(d) && d.oom.is_some();
     let decided_by = message_decider(d);
@@ -368,9 +378,10 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
             bytes(d.allocated_bytes)
         )),
         Some(h) if h.stack == NO_STACK && h.source.is_none() => first.push_str(&format!(
-            "; {} of what was allocated ({}) has no recorded stack.",
+            "; {} of what was allocated ({}) has no recorded stack{}.",
             crate::units::percent(h.bytes, d.allocated_bytes),
-            bytes(h.bytes)
+            bytes(h.bytes),
+            if unrecorded { " (made before recording began, or by the backward under stacks=\"python\")" } else { "" }
         )),
         Some(h) => first.push_str(&format!(
             "; {} of what was allocated was {}{} ({}){}.",
@@ -427,7 +438,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
             Some(_) if message_only => {
                 decided_by.map_or(String::new(), |dec| decider_words(dec, d, arithmetic.as_ref()))
             }
-            Some(_) if nothing_named => "No checklist item names a cause beyond that.".to_string(),
+            Some(_) if unrecorded => "No checklist item names a cause beyond that.".to_string(),
             Some(h) => {
                 // Found but sized nothing (churn, a missing no_sync): said, so the sentence does not deny what the
                 // causes list shows.
@@ -454,7 +465,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
     };
     let summary = if second.is_empty() { first } else { format!("{first} {second}") };
     let mut remedies: Vec<String> = match (primary, &holder) {
-        (None, Some(_)) if nothing_named => Vec::new(),
+        (None, Some(_)) if unrecorded => Vec::new(),
         (None, Some(h)) if other_ran_out.is_none() => remedies(h.category).iter().map(|s| s.to_string()).collect(),
         _ => Vec::new(),
     };
@@ -479,7 +490,7 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
         decided_by,
         likely,
         proven: Vec::new(),
-        capture_advice: nothing_named.then(|| HISTORY_ADVICE.to_string()),
+        capture_advice: capture_advice.map(str::to_string),
     }
 }
 

@@ -153,6 +153,26 @@ fn a_state_only_dump_of_unrelated_sizes_stays_unknown() {
     let cats = by_category(&v["devices"][0]);
     assert_eq!(cats.len(), 1, "{cats:?}");
     assert_eq!(cats[0].0, "unknown");
+    // What the file lacks is a history: that is how to record next time, not a remedy for the memory.
+    let verdict = &v["devices"][0]["verdict"];
+    assert!(verdict["remedies"].as_array().unwrap().is_empty(), "{verdict}");
+    let advice = verdict["capture_advice"].as_str().unwrap();
+    assert!(advice.contains("_record_memory_history(max_entries="), "{advice}");
+}
+
+#[test]
+fn a_state_dump_whose_unknown_blocks_lack_the_stacks_others_have_advises_recording_earlier() {
+    // A segment list with stacks on 1.1 GiB of its blocks and none on 2.0 GiB (its CLIP token embedding among them,
+    // loaded before recording): the advice is to start recording before the model is built, not to record stacks.
+    let v = json(&["analyze", "--format", "json", "fixtures/real/layoutedit-legacy-segment-list.pickle"]);
+    let verdict = &v["devices"][0]["verdict"];
+    assert_eq!(verdict["holder"]["category"], "unknown");
+    let summary = verdict["summary"].as_str().unwrap();
+    assert!(summary.contains("has no recorded stack (made before recording began"), "{summary}");
+    assert!(!summary.contains("record stacks"), "{summary}");
+    let advice = verdict["capture_advice"].as_str().unwrap();
+    assert!(advice.contains("before the model is built"), "{advice}");
+    assert!(verdict["remedies"].as_array().unwrap().is_empty(), "{verdict}");
 }
 
 #[test]
