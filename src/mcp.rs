@@ -27,9 +27,9 @@ for what the failed job left: the memory snapshot(s) (oom-<rank>.pickle from oom
 torch.cuda.memory._dump_snapshot), the training or server log with the OOM message, nvidia-smi output; any mix, \
 files, folders or archives. Call `analyze` on them first: lead with devices[].verdict.summary, then the causes \
 ranked by the bytes they explain, the proven what-ifs (devices[].verdict.proven; a line \"not proven for the run\" \
-is not a proof) and each finding's fix. With no \
-artifact at all, tell the user to add `import oomdoc; oomdoc.record()` at the top of the training script and run \
-it again. `diff` compares two runs (before and after a change); `explain` says what a rule checks; `list_inputs` \
+is not a proof) and each finding's fix; devices[].verdict.capture_advice, where present, says how to record the \
+next run so its file names what this one could not. With no artifact at all, tell the user to add `import oomdoc; \
+oomdoc.record()` at the top of the training script and run it again. `diff` compares two runs (before and after a change); `explain` says what a rule checks; `list_inputs` \
 says what each file of a folder is read as.";
 
 #[derive(Deserialize, schemars::JsonSchema)]
