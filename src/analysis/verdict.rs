@@ -300,11 +300,10 @@ fn verdict(d: &DeviceReport, primary: Option<&Finding>, causes: Vec<Cause>, othe
     });
     let holder = d.holder.clone();
     let nothing_named = holder.is_some() && names_nothing(d);
-    // A dump without a trace whose largest share has no stack: with no history at all nothing has one; where some
-    // blocks have theirs, the others were made before recording began or on the autograd thread, which
-    // stacks="python" records no frame for. Either way the fix is in how to record, said
-    // under the verdict, not a remedy for the memory.
-    let unrecorded = holder.as_ref().is_some_and(|h| d.trace.entries == 0 && h.stack == NO_STACK && h.source.is_none());
+    // With no history at all nothing has a stack; where some blocks have theirs, the others were made before
+    // recording began or on the autograd thread, which stacks="python" records no frame for. Either way the fix is in
+    // how to record, said under the verdict, not a remedy for the memory.
+    let unrecorded = unrecorded(d);
     let capture_advice = unrecorded.then_some(if nothing_named { HISTORY_ADVICE } else { EARLIER_ADVICE });
     // Without allocator data the message is all there is: its arithmetic decides, its traceback hints.
     let message_only = names_nothing(d) && d.oom.is_some();
@@ -692,12 +691,12 @@ const CONTEXT_ONLY: f64 = 1.5 * (1u64 << 30) as f64;
 /// Whether the device's data says nothing of what held its memory: none was given, or a state-only dump whose sizes
 /// named none of it (no history, no stack, no inference). Its OOM message is then all there is.
 fn names_nothing(d: &DeviceReport) -> bool {
-    d.holder.as_ref().is_none_or(|h| {
-        d.trace.entries == 0
-            && h.stack == NO_STACK
-            && h.source.is_none()
-            && d.by_category.iter().all(|c| c.category == h.category)
-    })
+    d.holder.as_ref().is_none_or(|h| unrecorded(d) && d.by_category.iter().all(|c| c.category == h.category))
+}
+
+/// Whether the device is a dump without a trace whose largest share has no stack and no inference behind it.
+fn unrecorded(d: &DeviceReport) -> bool {
+    d.holder.as_ref().is_some_and(|h| d.trace.entries == 0 && h.stack == NO_STACK && h.source.is_none())
 }
 
 /// Which of an OOM message's figures decided it, where the message is all there is (no allocator data).
