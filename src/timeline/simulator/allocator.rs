@@ -101,6 +101,8 @@ struct Pool {
     blocks: BTreeMap<u128, u32>,
     unmapped: BTreeMap<u128, u32>,
     free_calls: u64,
+    /// Calls that may have changed the pool's blocks: a layout taken when it was last this count still holds.
+    changes: u64,
 }
 
 /// A free block's key: (stream rank, size, address). Streams are ranks (the workload numbers them in the order of
@@ -158,7 +160,24 @@ pub struct Allocator {
     pub gc_releasing_requests: usize,
     /// Segments made, released, mapped or unmapped so far (each moves where the next fresh segment goes).
     pub segment_changes: u64,
+    /// Requests no cached block served, and times every pool's cache was released: a pool's own requests touch
+    /// no other pool but through these.
+    pub misses: u64,
+    pub cache_releases: u64,
+    /// While set, a request that would release every pool's cache to retry stops short of it, left pending (see
+    /// [`Allocator::resume`]): a simulation that has not kept the other pools up to date brings them up first.
+    pub guard: bool,
+    pending: Option<Pending>,
     op: u32,
+}
+
+/// A request stopped before the allocator's last resort: its pool and stream, its rounded size and segment size.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    pool: u16,
+    stream: u64,
+    size: u64,
+    alloc_size: u64,
 }
 
 const SYNTHETIC_BASE: u64 = 1 << 52;
@@ -190,6 +209,10 @@ impl Allocator {
             record_events: false,
             gc_releasing_requests: 0,
             segment_changes: 0,
+            misses: 0,
+            cache_releases: 0,
+            guard: false,
+            pending: None,
             op: 0,
         }
     }
@@ -218,7 +241,14 @@ impl Allocator {
         let private = pool_id != (0, 0);
         let n = self.pools.len() as u16;
         let p = *self.pool_index.entry((pool_id, small)).or_insert_with(|| {
-            self.pools.push(Pool { small, private, blocks: BTreeMap::new(), unmapped: BTreeMap::new(), free_calls: 0 });
+            self.pools.push(Pool {
+                small,
+                private,
+                blocks: BTreeMap::new(),
+                unmapped: BTreeMap::new(),
+                free_calls: 0,
+                changes: 0,
+            });
             n
         });
         if pool_id == (0, 0) {
@@ -354,6 +384,7 @@ impl Allocator {
         blocks: &[(u64, u64, bool)],
     ) -> Vec<u32> {
         let total: u64 = blocks.iter().map(|b| b.1).sum();
+        self.pools[pool as usize].changes += 1;
         let seg = self.add_segment(base, total, stream, pool, expandable);
         self.next_base = self.next_base.max(base.saturating_add(total).min(SYNTHETIC_BASE));
         self.next_down = self.next_down.min(base);
@@ -393,6 +424,7 @@ impl Allocator {
     pub fn cache_serves(&mut self, size: u64, stream: u64, pool_id: (i64, i64)) -> bool {
         let size = self.cfg.rules.round(size);
         let pool = self.pool_for(pool_id, size <= SMALL_SIZE);
+        self.pools[pool as usize].changes += 1;
         let calls = self.pools[pool as usize].free_calls;
         let found = self.get_free_block(pool, stream, size);
         self.pools[pool as usize].free_calls = calls;
@@ -409,9 +441,11 @@ impl Allocator {
         let size = self.cfg.rules.round(size);
         let small = size <= SMALL_SIZE;
         let pool = self.pool_for(pool_id, small);
+        self.pools[pool as usize].changes += 1;
         let alloc_size = Config::segment_size(size);
         let mut found = self.get_free_block(pool, stream, size);
         if found.is_none() {
+            self.misses += 1;
             let collected =
                 self.cfg.fraction_cap && self.cfg.gc_threshold.is_some_and(|t| t > 0.0) && self.garbage_collect();
             // Segments the trace shows released before this request are garbage collection's where it releases
@@ -428,11 +462,30 @@ impl Allocator {
                 found = self.alloc_block(pool, stream, size, alloc_size);
             }
             if found.is_none() {
+                if self.guard {
+                    self.pending = Some(Pending { pool, stream, size, alloc_size });
+                    return None;
+                }
                 self.release_cached();
                 found = self.alloc_block(pool, stream, size, alloc_size);
             }
         }
         let b = found?;
+        self.alloc_found(b, size, pool);
+        Some(b)
+    }
+
+    /// Whether a request was stopped short of the last resort under [`Allocator::guard`].
+    pub fn is_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Goes on with the request left pending: releases every pool's cache and retries, as `malloc` would have.
+    pub fn resume(&mut self) -> Option<u32> {
+        let Pending { pool, stream, size, alloc_size } = self.pending.take()?;
+        self.pools[pool as usize].changes += 1;
+        self.release_cached();
+        let b = self.alloc_block(pool, stream, size, alloc_size)?;
         self.alloc_found(b, size, pool);
         Some(b)
     }
@@ -539,16 +592,23 @@ impl Allocator {
 
     /// Frees a block: it merges with free neighbours and returns to its pool.
     pub fn free(&mut self, b: u32) {
-        let k = &mut self.blks[b as usize];
-        if !k.allocated {
+        if !self.blks[b as usize].allocated {
             return;
         }
+        let p = self.pool_of(b);
+        self.pools[p].changes += 1;
+        let k = &mut self.blks[b as usize];
         k.allocated = false;
         self.allocated -= k.size;
         let (prev, next) = (k.prev, k.next);
         self.try_merge(b, prev);
         self.try_merge(b, next);
         self.cache(b);
+    }
+
+    /// A count that moves whenever the pool's blocks may have changed.
+    pub fn pool_changes(&self, pool: u16) -> u64 {
+        self.pools[pool as usize].changes
     }
 
     /// The block's size (its rounded size once allocated).
@@ -564,29 +624,53 @@ impl Allocator {
     /// and mapped, and its segment's stream, pool and kind; in address order. Two states with equal layouts (and
     /// equal counters, pools and settings) answer every request alike.
     pub fn layout(&self) -> Vec<[u64; 6]> {
+        self.layout_split(u16::MAX).1
+    }
+
+    /// [`Allocator::layout`] in two: the blocks of `pool`, and the others'.
+    pub fn layout_split(&self, pool: u16) -> (Vec<[u64; 6]>, Vec<[u64; 6]>) {
+        self.layout_parts(pool, true)
+    }
+
+    /// [`Allocator::layout_split`], the blocks of `pool` left out (empty) unless `with_pool`.
+    pub fn layout_parts(&self, pool: u16, with_pool: bool) -> (Vec<[u64; 6]>, Vec<[u64; 6]>) {
         let mut dead = vec![false; self.blks.len()];
         for &s in &self.spare {
             dead[s as usize] = true;
         }
-        let mut v: Vec<[u64; 6]> = self
-            .blks
-            .iter()
-            .zip(&dead)
-            .filter(|(_, &d)| !d)
-            .map(|(b, _)| {
-                let s = &self.segs[b.seg as usize];
-                [
-                    b.addr,
-                    b.size,
-                    b.allocated as u64 | (b.mapped as u64) << 1 | (s.expandable as u64) << 2,
-                    s.base,
-                    s.stream,
-                    s.pool as u64,
-                ]
-            })
-            .collect();
-        v.sort_unstable();
-        v
+        let (mut mine, mut others) = (Vec::new(), Vec::with_capacity(self.blks.len() - self.spare.len()));
+        for (b, _) in self.blks.iter().zip(&dead).filter(|(_, &d)| !d) {
+            let s = &self.segs[b.seg as usize];
+            let row = [
+                b.addr,
+                b.size,
+                b.allocated as u64 | (b.mapped as u64) << 1 | (s.expandable as u64) << 2,
+                s.base,
+                s.stream,
+                s.pool as u64,
+            ];
+            if s.pool == pool {
+                if with_pool {
+                    mine.push(row);
+                }
+            } else {
+                others.push(row);
+            }
+        }
+        // Blocks never overlap: the address alone orders them.
+        mine.sort_unstable_by_key(|r| r[0]);
+        others.sort_unstable_by_key(|r| r[0]);
+        (mine, others)
+    }
+
+    /// The default (not private) pool of small or large requests, once made.
+    pub fn default_pool(&self, small: bool) -> Option<u16> {
+        self.default_pools[small as usize]
+    }
+
+    /// The pool a block belongs to.
+    pub fn block_pool(&self, b: u32) -> u16 {
+        self.pool_of(b) as u16
     }
 
     /// The pools made so far.
@@ -677,6 +761,8 @@ impl Allocator {
     /// `empty_cache` (and the allocator's last resort before out-of-memory): frees every unsplit cached segment of
     /// the default pools, large then small, and unmaps the whole free pages of expandable segments.
     pub fn release_cached(&mut self) {
+        self.cache_releases += 1;
+        self.pools.iter_mut().for_each(|p| p.changes += 1);
         let pools: Vec<u16> = {
             let mut v: Vec<(bool, u16)> =
                 self.pools.iter().enumerate().filter(|(_, p)| !p.private).map(|(i, p)| (p.small, i as u16)).collect();
@@ -710,6 +796,7 @@ impl Allocator {
             return false;
         }
         let target = self.reserved - threshold;
+        self.pools.iter_mut().for_each(|p| p.changes += 1);
         let Some(&pool) = self.pool_index.get(&((0, 0), false)) else { return false };
         let calls = self.pools[pool as usize].free_calls;
         let freeable = |s: &Allocator| -> Vec<(u32, u64)> {

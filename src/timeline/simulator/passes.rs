@@ -222,7 +222,8 @@ mod tests {
             assert!(passes.iter().filter(|q| q.kind != p.kind).all(|q| !alike(q, p)));
         }
         let (skipped, passed) = same_either_way(&w, Config::default());
-        assert!(passed > w.ops.len() as u64 / 2, "{passed} of {} ops passed over", w.ops.len());
+        // Three ops in five are the large pool's.
+        assert!(passed > w.ops.len() as u64 / 3, "{passed} of {} ops passed over", w.ops.len());
         assert!(skipped >= passed);
         // Capacities that fail some steps, and expandable segments: still alike.
         let mut expandable = Config::default();
@@ -234,6 +235,81 @@ mod tests {
         ] {
             same_either_way(&w, cfg);
         }
+    }
+
+    /// A loop whose batch is carried: each step's three small inputs are made before the last step's are freed
+    /// (`x = batch.to(device)` at the loop's top), its length drawn from four; each layer's activations are large,
+    /// its temporaries small, and every fifth step holds a burst of small buffers that needs more small segments than
+    /// the others. With `keep`, each step also keeps a small buffer for good (a log of its loss), which the small
+    /// pool's segments fill up with, and the large requests are all served from one segment that stays split (a
+    /// block at its start held throughout): releasing the caches leaves the large pool as it is.
+    fn carried(steps: usize, keep: bool) -> Program {
+        const KIB: u64 = 1 << 10;
+        let mut p = Program::default();
+        let _weights: Vec<u32> = (0..8).map(|_| p.alloc(40 * MIB)).collect();
+        if keep {
+            let arena = p.alloc(600 * MIB);
+            p.free(arena);
+            p.alloc(2 * MIB);
+        }
+        let mut draw = 777u64;
+        let mut inputs: Vec<u32> = Vec::new();
+        for step in 0..steps {
+            draw = draw.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let len = 4 + (draw >> 60) % 4;
+            let next: Vec<u32> = (0..3).map(|k| p.alloc((16 + 4 * k + len) * KIB)).collect();
+            for x in std::mem::replace(&mut inputs, next) {
+                p.free(x);
+            }
+            if keep {
+                p.alloc(300 * KIB);
+            }
+            let mut saved = Vec::new();
+            for _layer in 0..32 {
+                let t = p.alloc(len * 3 * MIB);
+                let small = p.alloc(len * 40 * KIB);
+                saved.push(p.alloc(len * MIB));
+                p.free(small);
+                p.free(t);
+            }
+            if step % 5 == 4 {
+                let burst: Vec<u32> = (0..12).map(|_| p.alloc(512 * KIB)).collect();
+                burst.into_iter().for_each(|b| p.free(b));
+            }
+            for s in saved.into_iter().rev() {
+                let g = p.alloc(len * 2 * MIB);
+                let small = p.alloc(len * 20 * KIB);
+                p.free(g);
+                p.free(small);
+                p.free(s);
+            }
+        }
+        p
+    }
+
+    #[test]
+    fn a_carried_batch_keeps_states_from_coming_again_but_not_the_large_pools() {
+        let w = Workload::from_ops(carried(60, false).ops);
+        assert!(w.passes().len() >= 50, "{} windows", w.passes().len());
+        let (skipped, passed) = same_either_way(&w, Config::default());
+        // Three ops in five are the large pool's.
+        assert!(passed > w.ops.len() as u64 / 3, "{passed} of {} ops passed over", w.ops.len());
+        assert!(skipped >= passed);
+        let mut expandable = Config::default();
+        expandable.rules.expandable = true;
+        same_either_way(&w, expandable);
+        // Capacities at which a window's small request needs a segment the cap refuses (the small pool fills up
+        // with what each step keeps), so every cache is released part way through a window whose large pool's ops
+        // were being left out.
+        let w = Workload::from_ops(carried(60, true).ops);
+        let peak = super::super::simulate(&w, Config::default(), false).peak_reserved;
+        let mut stopped = 0;
+        for short in [1, 3, 5, 7] {
+            let cfg = Config { capacity: Some(peak - short * MIB), ..Config::default() };
+            stopped += super::super::simulate(&w, cfg.clone(), false).pool_passes_stopped;
+            same_either_way(&w, cfg);
+        }
+        assert!(stopped > 0, "no window stopped part way");
     }
 
     #[test]
