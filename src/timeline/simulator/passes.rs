@@ -65,7 +65,10 @@ pub fn find(ops: &[Op], first_id: u32) -> Vec<Pass> {
     // The set of requests held before each op (relative to the start's). A release or the failed request can be
     // in no window: each makes the set one never seen before.
     let mut held = 0u64;
-    let mut starts: Vec<(u64, u32)> = vec![(0, u32::MAX); 2 * PAIRS];
+    // Each slot: the set's high half (its low bits chose the pair) and where it was held. Two sets that share both
+    // make a window that is not one; each is checked below, and such a one fails.
+    let mut starts: Vec<(u32, u32)> = vec![(0, u32::MAX); 2 * PAIRS];
+    let check = |held: u64| (held >> 32) as u32;
     let mut found: Vec<(u32, u32)> = Vec::new();
     for (i, op) in ops.iter().enumerate() {
         match *op {
@@ -74,12 +77,12 @@ pub fn find(ops: &[Op], first_id: u32) -> Vec<Pass> {
                 // empty one, else the older.
                 let pair = &mut starts[2 * (held as usize % PAIRS)..][..2];
                 let age = |k: usize| if pair[k].1 == u32::MAX { 0 } else { pair[k].1 as u64 + 1 };
-                let slot = match (pair[0].0 == held, pair[1].0 == held) {
+                let slot = match (pair[0].0 == check(held), pair[1].0 == check(held)) {
                     (true, _) => 0,
                     (_, true) => 1,
                     _ => usize::from(age(1) < age(0)),
                 };
-                pair[slot] = (held, i as u32);
+                pair[slot] = (check(held), i as u32);
                 held ^= spread(id);
                 if let Some(k) = id.checked_sub(first_id) {
                     let k = k as usize;
@@ -92,7 +95,7 @@ pub fn find(ops: &[Op], first_id: u32) -> Vec<Pass> {
             Op::Free { id, .. } => {
                 held ^= spread(id);
                 let pair = &starts[2 * (held as usize % PAIRS)..][..2];
-                if let Some(&(_, j)) = pair.iter().find(|&&(set, at)| set == held && at != u32::MAX) {
+                if let Some(&(_, j)) = pair.iter().find(|&&(set, at)| set == check(held) && at != u32::MAX) {
                     if i as u32 + 1 - j >= SHORTEST {
                         found.push((j, i as u32 + 1));
                     }
