@@ -84,8 +84,12 @@ fn main() {
         let mut skipping = simulator::simulate(&w, base.clone(), true);
         let skipped = std::mem::take(&mut skipping.ops_skipped);
         let passed = std::mem::take(&mut skipping.ops_passed_over);
+        let stopped = std::mem::take(&mut skipping.pool_passes_stopped);
         let same = skipping == simulator::simulate_every_op(&w, base.clone(), true, |_, _| simulator::Edit::Keep);
-        println!("  {skipped} ops skipped ({passed} in windows passed over); the same outcome as op by op: {same}");
+        println!(
+            "  {skipped} ops skipped ({passed} in windows passed over, {stopped} stopped part way); the same outcome \
+             as op by op: {same}"
+        );
         return;
     }
     let analysis = median(

@@ -166,7 +166,7 @@ pub struct Allocator {
     pub cache_releases: u64,
     /// While set, a request that would release every pool's cache to retry stops short of it, left pending (see
     /// [`Allocator::resume`]): a simulation that has not kept the other pools up to date brings them up first.
-    pub guard: bool,
+    pub(super) guard: bool,
     pending: Option<Pending>,
     op: u32,
 }
@@ -624,15 +624,10 @@ impl Allocator {
     /// and mapped, and its segment's stream, pool and kind; in address order. Two states with equal layouts (and
     /// equal counters, pools and settings) answer every request alike.
     pub fn layout(&self) -> Vec<[u64; 6]> {
-        self.layout_split(u16::MAX).1
+        self.layout_parts(u16::MAX, false).1
     }
 
-    /// [`Allocator::layout`] in two: the blocks of `pool`, and the others'.
-    pub fn layout_split(&self, pool: u16) -> (Vec<[u64; 6]>, Vec<[u64; 6]>) {
-        self.layout_parts(pool, true)
-    }
-
-    /// [`Allocator::layout_split`], the blocks of `pool` left out (empty) unless `with_pool`.
+    /// [`Allocator::layout`] in two: the blocks of `pool` (left out, empty, unless `with_pool`), and the others'.
     pub fn layout_parts(&self, pool: u16, with_pool: bool) -> (Vec<[u64; 6]>, Vec<[u64; 6]>) {
         let mut dead = vec![false; self.blks.len()];
         for &s in &self.spare {

@@ -55,8 +55,9 @@ fn spread(id: u32) -> u64 {
 /// ops long, in order, each with its kind. `first_id` is the first request's id (lower ids were live at the start).
 ///
 /// A window `[j, i)` gives back all it takes when the set of requests held at `j` and at `i` is the same: the sets
-/// are compared by the xor of their spread ids, which two sets share only by chance, so each window found is then
-/// checked op by op, and compared op by op with the first window of each kind of its length to be given its kind.
+/// are compared by 47 bits of the xor of their spread ids, which two sets share only by chance, so each window
+/// found is then checked op by op, and compared op by op with the first window of each kind of its length to be
+/// given its kind.
 /// Windows nest (the layers of a pass, from a layer's forward to its backward); only the outermost are kept: each
 /// inner one would be a state to compare, and where the window around it meets a new state, so mostly do the ones
 /// inside it.
@@ -65,8 +66,8 @@ pub fn find(ops: &[Op], first_id: u32) -> Vec<Pass> {
     // The set of requests held before each op (relative to the start's). A release or the failed request can be
     // in no window: each makes the set one never seen before.
     let mut held = 0u64;
-    // Each slot: the set's high half (its low bits chose the pair) and where it was held. Two sets that share both
-    // make a window that is not one; each is checked below, and such a one fails.
+    // Each slot: the set's high half and where it was held (its low 15 bits chose the pair: 47 bits compared). Two
+    // sets that share those make a window that is not one; each window is checked below, and such a one fails.
     let mut starts: Vec<(u32, u32)> = vec![(0, u32::MAX); 2 * PAIRS];
     let check = |held: u64| (held >> 32) as u32;
     let mut found: Vec<(u32, u32)> = Vec::new();
