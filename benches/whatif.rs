@@ -13,7 +13,9 @@
 //!
 //! With SIM_ONLY set, it simulates the recorded settings 20 times and says only the best and median: a run for a
 //! profiler. With AUTO_ONLY set, it runs the verdict's automatic what-ifs 30 times, each one's time on stderr: the
-//! same, for them.
+//! same, for them (their workload read beforehand, as the analysis reads it beside its replay).
+//!
+//! Last, the analysis end to end: the trace with an OOM appended, against the analysis without it.
 
 mod common;
 
@@ -30,7 +32,7 @@ fn main() {
     let Some(path) = snapshot_arg("whatif", "bench/data/snap-1m-real.pickle") else {
         return;
     };
-    let job = Job::read(&JobOptions::new([&path])).expect("snapshot loads");
+    let mut job = Job::read(&JobOptions::new([&path])).expect("snapshot loads");
     let tl = &job.timelines[0];
     let dev = tl.devices.iter().max_by_key(|d| d.events.len()).expect("a device");
     let rounds = 7;
@@ -138,47 +140,62 @@ fn main() {
         .map(|e| Site::Stack(e.stack))
         .take(3)
         .collect();
+    // The analysis reads the workload beside its replay where the trace starts on an empty device (`Prepared`):
+    // the what-ifs then start from it.
+    let prepare = || {
+        let mut cache = oomdoc::analysis::categories::CategoryCache::new(&cats, tl);
+        whatif::Prepared::new(tl, dev, &mut cache)
+    };
+    let auto = |case: &whatif::OomCase, prepared: bool| {
+        let made = prepared.then(prepare).flatten();
+        let mut cache = oomdoc::analysis::categories::CategoryCache::new(&cats, tl);
+        let t = Instant::now();
+        let w = whatif::remedies(tl, dev, &replay, &cap_at_peak, case, &mut cache, made);
+        let d = t.elapsed();
+        assert!(!w.is_empty());
+        d
+    };
     if std::env::var_os("AUTO_ONLY").is_some() {
         for _ in 0..30 {
-            let mut cache = oomdoc::analysis::categories::CategoryCache::new(&cats, tl);
-            let t = Instant::now();
-            std::hint::black_box(whatif::remedies(tl, dev, &replay, &cap_at_peak, &case(&leak, None), &mut cache));
-            eprintln!("{}", ms(t.elapsed()));
+            eprintln!("{}", ms(auto(&case(&leak, None), true)));
         }
         return;
     }
-    let automatic = median(
-        (0..rounds)
-            .map(|_| {
-                let mut cache = oomdoc::analysis::categories::CategoryCache::new(&cats, tl);
-                let t = Instant::now();
-                let w = whatif::remedies(tl, dev, &replay, &cap_at_peak, &case(&leak, None), &mut cache);
-                let d = t.elapsed();
-                assert!(!w.is_empty());
-                d
-            })
-            .collect(),
-    );
+    let times = |case: &whatif::OomCase, prepared: bool| median((0..rounds).map(|_| auto(case, prepared)).collect());
+    let ratio = |d: std::time::Duration| d.as_secs_f64() / analysis.as_secs_f64();
     // A plain shortage (the live tensors and the request past the cap): only the workload's tries, one per core.
-    let shortage = median(
+    let (at_most, shortage) = (case(&leak, None), case(&[], Some(u64::MAX)));
+    let (automatic, automatic_alone) = (times(&at_most, true), times(&at_most, false));
+    let (short, short_alone) = (times(&shortage, true), times(&shortage, false));
+    let ahead = prepare().is_some();
+    let prepared = median(
         (0..rounds)
             .map(|_| {
-                let mut cache = oomdoc::analysis::categories::CategoryCache::new(&cats, tl);
                 let t = Instant::now();
-                let w = whatif::remedies(tl, dev, &replay, &cap_at_peak, &case(&[], Some(u64::MAX)), &mut cache);
-                let d = t.elapsed();
-                assert!(!w.is_empty());
-                d
+                std::hint::black_box(prepare());
+                t.elapsed()
             })
             .collect(),
     );
     println!(
         "  the verdict's automatic what-ifs {} at most ({:.2}× the analysis); at a plain shortage {} ({:.2}×)",
         ms(automatic),
-        automatic.as_secs_f64() / analysis.as_secs_f64(),
-        ms(shortage),
-        shortage.as_secs_f64() / analysis.as_secs_f64()
+        ratio(automatic),
+        ms(short),
+        ratio(short)
     );
+    if ahead {
+        println!(
+            "    their workload read beside the replay in {}; without it, {} ({:.2}×) and {} ({:.2}×)",
+            ms(prepared),
+            ms(automatic_alone),
+            ratio(automatic_alone),
+            ms(short_alone),
+            ratio(short_alone)
+        );
+    } else {
+        println!("    (the trace does not start on an empty device: its workload is read after the replay)");
+    }
     for (name, cfg) in [("as recorded", base), ("expandable flipped", expandable), ("max_split_size_mb:512", split)] {
         let sim = median(
             (0..rounds)
@@ -193,4 +210,32 @@ fn main() {
         );
         println!("  simulation, {name:<22} {}   one what-if (workload + simulation) {}", ms(sim), ms(workload + sim));
     }
+    // End to end, as a user meets it: the same trace ending at an OOM (a request of half the room left under a cap
+    // at the recorded peak), analysed whole, against the analysis without the OOM. The difference is what the
+    // verdict's what-ifs (and the OOM's own report) add.
+    let cap = replay.peak_reserved.0;
+    let request = cap.saturating_sub(replay.allocated_series.last().copied().unwrap_or(0)) / 2;
+    let d = tl.devices.iter().position(|d| std::ptr::eq(d, dev)).expect("the device");
+    drop(replay);
+    let opts = oomdoc::analysis::Options { memory_cap: Some(cap), ..Default::default() };
+    let tl = &mut job.timelines[0];
+    tl.devices[d].events.push(oomdoc::timeline::Event::new(oomdoc::timeline::Action::Oom, 0, request.max(512)));
+    let mut tried = Vec::new();
+    let with_oom = median(
+        (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                let a = oomdoc::analysis::analyze(tl, &opts, &cats).expect("analyses");
+                let d = t.elapsed();
+                tried = a.devices.iter().flat_map(|r| r.whatif.iter().map(|w| w.change.clone())).collect();
+                d
+            })
+            .collect(),
+    );
+    println!(
+        "  analysis of the trace ending at an OOM {} ({:.2}× the analysis without it; what-ifs tried: {})",
+        ms(with_oom),
+        ratio(with_oom),
+        tried.join(", ")
+    );
 }

@@ -21,11 +21,15 @@ pub(super) fn analyze_device<'t>(
     // also counts what the trace lacks, which that replay needs after its undo.
     let mut cache = categories::CategoryCache::new(cats, tl);
     let count = SharedCount::default();
-    let (replay, event_facts) = std::thread::scope(|s| {
+    // At an OOM, the remedies' workload is read on this thread too: the replay takes the longer.
+    let (replay, event_facts, prepared) = std::thread::scope(|s| {
         let replay = beside(s, || Replay::counted(dev, tl.settings.as_ref(), Some(&count)));
         let event_facts = facts::event_facts(tl, dev, &mut cache);
         count.take_if_wanted(dev);
-        (replay(), event_facts)
+        let prepared = super::whatif::Prepared::wanted(tl, dev, opts)
+            .then(|| super::whatif::Prepared::new(tl, dev, &mut cache))
+            .flatten();
+        (replay(), event_facts, prepared)
     });
     let events = &dev.events;
     let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
@@ -117,7 +121,7 @@ pub(super) fn analyze_device<'t>(
         c.iteration_ends.clone_from(&it.ends);
     }
     report.holder = verdict::holder(tl, &report, &state, &attribution);
-    report.whatif = super::whatif::at_oom(tl, dev, &replay, &report, &report.facts, &mut cache, opts);
+    report.whatif = super::whatif::at_oom(tl, dev, &replay, &report, &mut cache, opts, prepared);
     super::whatif::mark_recorded_part_only(idx.map(|i| i as usize), &event_facts, &mut report.whatif);
     report.pinning = report.oom.as_ref().and_then(|o| super::fragments::pinning(tl, dev, &replay, &state, o));
     if let (Some(p), Some(map)) = (&report.pinning, report.segment_map.as_mut()) {

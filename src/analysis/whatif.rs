@@ -633,7 +633,7 @@ fn request_categories(
     tl: &Timeline,
     dev: &DeviceTimeline,
     cats: &mut super::categories::CategoryCache,
-) -> (Vec<u8>, [bool; super::categories::CATEGORIES.len()]) {
+) -> RequestCategories {
     let mut cat_of: Vec<u8> = vec![u8::MAX; tl.stacks.stack_count()];
     let mut has = [false; super::categories::CATEGORIES.len()];
     for e in dev.events.iter().filter(|e| e.action == Action::Alloc) {
@@ -698,9 +698,9 @@ pub fn at_oom(
     dev: &DeviceTimeline,
     replay: &Replay,
     report: &super::DeviceReport,
-    facts: &super::facts::Facts,
     cats: &mut super::categories::CategoryCache,
     opts: &super::Options,
+    prepared: Option<Prepared>,
 ) -> Vec<WhatIf> {
     if dev.events.is_empty() || report.oom.is_none() {
         return Vec::new();
@@ -710,8 +710,30 @@ pub fn at_oom(
         return Vec::new();
     }
     let need = report.oom.as_ref().and_then(|o| o.requested_bytes).map(|r| r + report.allocated_bytes);
-    let case = OomCase { holder: report.holder.as_ref().map(|h| h.category), leak: &facts.leak_sites, need };
-    remedies(tl, dev, replay, &cap, &case, cats)
+    let case = OomCase { holder: report.holder.as_ref().map(|h| h.category), leak: &report.facts.leak_sites, need };
+    remedies(tl, dev, replay, &cap, &case, cats, prepared)
+}
+
+/// What the remedies read from the trace alone: its requests (where the trace starts on an empty device) and their
+/// categories. Made ahead where a core would wait: beside the replay, which the analysis needs first.
+pub struct Prepared {
+    workload: Workload,
+    categories: RequestCategories,
+}
+
+type RequestCategories = (Vec<u8>, [bool; super::categories::CATEGORIES.len()]);
+
+impl Prepared {
+    /// `None` where the trace does not start on an empty device (its workload needs the replay's rebuilt start).
+    pub fn new(tl: &Timeline, dev: &DeviceTimeline, cats: &mut super::categories::CategoryCache) -> Option<Prepared> {
+        let workload = Workload::from_empty_start(dev)?;
+        Some(Prepared { workload, categories: request_categories(tl, dev, cats) })
+    }
+
+    /// Whether the remedies of this device at its moment will be tried (see [`at_oom`]): worth preparing.
+    pub fn wanted(tl: &Timeline, dev: &DeviceTimeline, opts: &super::Options) -> bool {
+        matches!(opts.at, super::At::Auto | super::At::Oom) && oom_event(tl, dev).is_some()
+    }
 }
 
 /// What the remedies are chosen by.
@@ -734,6 +756,7 @@ pub fn remedies(
     cap: &Capacity,
     case: &OomCase,
     cats: &mut super::categories::CategoryCache,
+    prepared: Option<Prepared>,
 ) -> Vec<WhatIf> {
     let OomCase { holder, leak, need } = *case;
     let base = recorded_config(tl, replay, cap);
@@ -741,11 +764,15 @@ pub fn remedies(
     // process could hold, the settings are not tried.
     let settings_hopeless = need.is_some_and(|n| n > cap.at_most.or(cap.bytes).unwrap_or(u64::MAX));
     // The requests' categories (a pass over the events) beside the workload (another).
-    let (plain, (cat_of, has)) = std::thread::scope(|s| {
-        let categories = crate::threads::beside(s, || request_categories(tl, dev, cats));
-        let plain = Workload::from_trace(replay);
-        (plain, categories())
-    });
+    // A workload read before the replay said whether the trace starts on an empty device serves where it does.
+    let (plain, (cat_of, has)) = match prepared.filter(|_| replay.complete()) {
+        Some(p) => (p.workload, p.categories),
+        None => std::thread::scope(|s| {
+            let categories = crate::threads::beside(s, || request_categories(tl, dev, cats));
+            let plain = Workload::from_trace(replay);
+            (plain, categories())
+        }),
+    };
     let index = category_index;
     let is = |stack: crate::timeline::stacks::StackId, c: usize| cat_of.get(stack as usize) == Some(&(c as u8));
     let scalable =

@@ -412,6 +412,13 @@ fn skipping_changes_nothing(input: &str) -> (f64, f64) {
         for dev in tl.devices.iter().filter(|d| !d.events.is_empty()) {
             let replay = Replay::new(dev, tl.settings.as_ref());
             let w = Workload::from_trace(&replay);
+            // The analysis reads the workload beside the replay, before it knows whether the trace starts on an
+            // empty device: where it does, that read is the same workload.
+            match (Workload::from_empty_start(dev), replay.complete()) {
+                (Some(ahead), true) => assert_eq!(format!("{ahead:?}"), format!("{w:?}"), "{input} GPU {}", dev.device),
+                (None, true) => panic!("{input} GPU {}: a complete trace read ahead stopped", dev.device),
+                (_, false) => {}
+            }
             let cap = whatif::capacity(tl, dev, &replay, None, None);
             let base = whatif::recorded_config(tl, &replay, &cap);
             let mut configs = vec![base.clone()];

@@ -5,7 +5,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::timeline::replay::{Replay, State};
 use crate::timeline::stacks::StackId;
-use crate::timeline::{Action, BlockState, PoolKind};
+use crate::timeline::{Action, BlockState, DeviceTimeline, PoolKind};
 
 use super::allocator::{Allocator, Config};
 
@@ -114,9 +114,25 @@ impl Workload {
     /// Reads the workload from a replayed trace (edits apply per request in the simulation:
     /// [`super::simulate_with`]).
     pub fn from_trace(replay: &Replay) -> Workload {
-        let dev = replay.device();
         let rebuilt_start = !replay.complete();
         let start_state = if rebuilt_start { replay.state_at(None) } else { State::default() };
+        Workload::read(replay.device(), &start_state, rebuilt_start, false)
+            .expect("read in full when not asked to stop")
+    }
+
+    /// The workload of a trace that starts on an empty device, read before its replay says whether it does: `None`
+    /// at the first free of a block the trace did not allocate (the replay would start from a rebuilt state). Equal
+    /// to [`Workload::from_trace`] of a replay that finds the trace complete.
+    pub fn from_empty_start(dev: &DeviceTimeline) -> Option<Workload> {
+        Workload::read(dev, &State::default(), false, true)
+    }
+
+    fn read(
+        dev: &DeviceTimeline,
+        start_state: &State,
+        rebuilt_start: bool,
+        stop_at_unmatched_free: bool,
+    ) -> Option<Workload> {
         let mut w = Workload { rebuilt_start, ..Default::default() };
         let mut streams: Vec<u64> = dev.event_attrs.all().iter().map(|a| a.stream).collect();
         streams.extend(start_state.segments.values().map(|s| s.stream));
@@ -134,6 +150,16 @@ impl Workload {
                     pools.len() as PoolRef - 1
                 }),
             }
+        };
+        // An event's stream and pool, by its attributes' index: a trace has a handful, its events a million.
+        let attrs = dev.event_attrs.all();
+        let attr_stream: Vec<u32> = attrs.iter().map(|a| rank[&a.stream] as u32).collect();
+        let mut attr_pool: Vec<Option<PoolRef>> = vec![None; attrs.len()];
+        let mut stream_and_pool = |e: &crate::timeline::Event, pools: &mut Vec<(i64, i64)>| -> (u32, PoolRef) {
+            // As the table reads an index it does not hold: the defaults.
+            let a = Some(e.attrs_id() as usize).filter(|&a| a < attrs.len()).unwrap_or(0);
+            let pool = *attr_pool[a].get_or_insert_with(|| pool_of(attrs[a].pool_id(), pools));
+            (attr_stream[a], pool)
         };
         let mut addresses: FxHashMap<u64, Vec<u64>> = FxHashMap::default();
         let mut in_order: Vec<u64> = Vec::new();
@@ -171,22 +197,16 @@ impl Workload {
         while i < events.len() {
             let e = &events[i];
             let at = i as u32;
-            let attrs = dev.attrs(e);
             match e.action {
                 Action::Alloc => {
                     live.insert(e.addr, next_id);
-                    w.ops.push(Op::Alloc {
-                        id: next_id,
-                        size: e.size,
-                        stream: rank[&attrs.stream] as u32,
-                        pool: pool_of(attrs.pool_id(), &mut w.pools),
-                        event: at,
-                        stack: e.stack,
-                    });
+                    let (stream, pool) = stream_and_pool(e, &mut w.pools);
+                    w.ops.push(Op::Alloc { id: next_id, size: e.size, stream, pool, event: at, stack: e.stack });
                     next_id += 1;
                 }
                 Action::FreeCompleted => match live.remove(&e.addr) {
                     Some(id) => w.ops.push(Op::Free { id, event: at }),
+                    None if stop_at_unmatched_free => return None,
                     None => w.unmatched_frees += 1,
                 },
                 Action::SegmentAlloc => {
@@ -210,12 +230,10 @@ impl Workload {
                     i = j;
                     continue;
                 }
-                Action::Oom => w.ops.push(Op::Failed {
-                    size: e.size,
-                    stream: rank[&attrs.stream] as u32,
-                    pool: pool_of(attrs.pool_id(), &mut w.pools),
-                    event: at,
-                }),
+                Action::Oom => {
+                    let (stream, pool) = stream_and_pool(e, &mut w.pools);
+                    w.ops.push(Op::Failed { size: e.size, stream, pool, event: at })
+                }
                 Action::SegmentMap
                 | Action::FreeRequested
                 | Action::Snapshot
@@ -228,7 +246,7 @@ impl Workload {
         w.segment_addresses = std::sync::Arc::new(addresses);
         w.addresses_descend = descending(&in_order);
         w.ids = next_id;
-        w
+        Some(w)
     }
 
     /// A workload of these ops on an empty device (ids numbered from 0).
