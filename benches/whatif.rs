@@ -167,7 +167,7 @@ fn main() {
     let (at_most, shortage) = (case(&leak, None), case(&[], Some(u64::MAX)));
     let (automatic, automatic_alone) = (times(&at_most, true), times(&at_most, false));
     let (short, short_alone) = (times(&shortage, true), times(&shortage, false));
-    let ahead = prepare().is_some();
+    let ahead = replay.complete() && prepare().is_some();
     let prepared = median(
         (0..rounds)
             .map(|_| {
@@ -210,32 +210,42 @@ fn main() {
         );
         println!("  simulation, {name:<22} {}   one what-if (workload + simulation) {}", ms(sim), ms(workload + sim));
     }
-    // End to end, as a user meets it: the same trace ending at an OOM (a request of half the room left under a cap
-    // at the recorded peak), analysed whole, against the analysis without the OOM. The difference is what the
-    // verdict's what-ifs (and the OOM's own report) add.
+    // End to end, as a user meets it: the same trace ending at an OOM under a cap at the recorded peak, analysed
+    // whole, against the analysis of the trace as it is under the same cap, timed one beside the other. Two OOMs:
+    // one the cache's fragments decide (the request fits neither the room left under the cap nor the largest cached
+    // block, but the cached bytes: the settings are tried, and the blocks that pin the fragments are found), and a
+    // plain shortage (the live bytes and the request past the cap: only the workload's remedies). The difference
+    // is what the verdict's what-ifs, and the OOM's own report, add.
+    assert!(dev.events.iter().all(|e| e.action != oomdoc::timeline::Action::Oom), "the bench's trace has no OOM");
     let cap = replay.peak_reserved.0;
-    let request = cap.saturating_sub(replay.allocated_series.last().copied().unwrap_or(0)) / 2;
+    let end = replay.state_at(Some(dev.events.len() as u32 - 1));
+    let round = |b: u64| b.next_multiple_of(2 << 20);
+    let fragments = round(cap.saturating_sub(end.reserved).max(end.largest_free_block()) + (2 << 20));
+    let shortage = round(cap.saturating_sub(end.allocated) + (2 << 20));
     let d = tl.devices.iter().position(|d| std::ptr::eq(d, dev)).expect("the device");
     drop(replay);
     let opts = oomdoc::analysis::Options { memory_cap: Some(cap), ..Default::default() };
-    let tl = &mut job.timelines[0];
-    tl.devices[d].events.push(oomdoc::timeline::Event::new(oomdoc::timeline::Action::Oom, 0, request.max(512)));
-    let mut tried = Vec::new();
-    let with_oom = median(
-        (0..3)
-            .map(|_| {
-                let t = Instant::now();
-                let a = oomdoc::analysis::analyze(tl, &opts, &cats).expect("analyses");
-                let d = t.elapsed();
-                tried = a.devices.iter().flat_map(|r| r.whatif.iter().map(|w| w.change.clone())).collect();
-                d
-            })
-            .collect(),
-    );
-    println!(
-        "  analysis of the trace ending at an OOM {} ({:.2}× the analysis without it; what-ifs tried: {})",
-        ms(with_oom),
-        ratio(with_oom),
-        tried.join(", ")
-    );
+    let whole = |tl: &oomdoc::timeline::Timeline, tried: &mut Vec<String>| {
+        let t = Instant::now();
+        let a = oomdoc::analysis::analyze(tl, &opts, &cats).expect("analyses");
+        let d = t.elapsed();
+        *tried = a.devices.iter().flat_map(|r| r.whatif.iter().map(|w| w.change.clone())).collect();
+        d
+    };
+    for (name, request) in [("fragments", fragments), ("a shortage", shortage)] {
+        let mut tried = Vec::new();
+        let without = median((0..3).map(|_| whole(&job.timelines[0], &mut tried)).collect());
+        assert!(tried.is_empty());
+        let events = &mut job.timelines[0].devices[d].events;
+        events.push(oomdoc::timeline::Event::new(oomdoc::timeline::Action::Oom, 0, request));
+        let with_oom = median((0..3).map(|_| whole(&job.timelines[0], &mut tried)).collect());
+        job.timelines[0].devices[d].events.pop();
+        println!(
+            "  analysis under a cap at the peak {}; ending at an OOM of {name} {} ({:.2}×; what-ifs tried: {})",
+            ms(without),
+            ms(with_oom),
+            with_oom.as_secs_f64() / without.as_secs_f64(),
+            tried.join(", ")
+        );
+    }
 }

@@ -61,20 +61,29 @@ pub struct FragmentedMoment {
     pub pinned_free_bytes: u64,
 }
 
-/// The pinning at a fragmentation OOM (the request no larger than the pool's cached free bytes, larger than its
-/// largest free block); `None` otherwise.
+/// A fragmentation OOM: the request no larger than the pool's cached free bytes, larger than its largest free block.
+pub fn fragmented(oom: &OomReport) -> bool {
+    let (Some(requested), Some(free), Some(largest)) =
+        (oom.requested_bytes, oom.cached_free_in_pool_bytes, oom.largest_free_in_pool_bytes)
+    else {
+        return false;
+    };
+    requested <= free && requested > largest
+}
+
+/// The pinning at a [`fragmented`] OOM, with the run's worst moments (from [`worst_moments`] up to the OOM's event);
+/// `None` otherwise.
 pub fn pinning(
     tl: &Timeline,
     dev: &DeviceTimeline,
-    replay: &Replay,
     state: &State,
     oom: &OomReport,
+    worst_moments: Vec<FragmentedMoment>,
 ) -> Option<Pinning> {
-    let requested = oom.requested_bytes?;
-    let (free, largest) = (oom.cached_free_in_pool_bytes?, oom.largest_free_in_pool_bytes?);
-    if requested > free || requested <= largest {
+    if !fragmented(oom) {
         return None;
     }
+    let requested = oom.requested_bytes?;
     let kind = if requested <= 1 << 20 { PoolKind::Small } else { PoolKind::Large };
     let stream = oom.stream.unwrap_or(0);
     let now = oom.time_us;
@@ -156,7 +165,7 @@ pub fn pinning(
         segments,
         blocks,
         by_stack: merged,
-        worst_moments: worst_moments(dev, replay, oom.event_index),
+        worst_moments,
         addresses,
     })
 }
@@ -170,8 +179,8 @@ fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
 }
 
 /// The large pool's pinned free memory at evenly spaced events up to `last`: the worst few stretches, each named by
-/// its worst sample.
-fn worst_moments(dev: &DeviceTimeline, replay: &Replay, last: Option<u32>) -> Vec<FragmentedMoment> {
+/// its worst sample. A replay of the trace up to `last`: the analysis runs it beside the what-ifs.
+pub fn worst_moments(dev: &DeviceTimeline, replay: &Replay, last: Option<u32>) -> Vec<FragmentedMoment> {
     let n = last.map_or(dev.events.len(), |l| l as usize + 1);
     if n == 0 {
         return Vec::new();

@@ -27,6 +27,51 @@ pub struct Capacity {
     pub at_most: Option<u64>,
 }
 
+/// Where the capacity comes from, found without the replay (which only supplies its figures): whether the what-ifs
+/// can be decided is known before the replay ends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum CapacityFrom {
+    /// A memory cap: given (`true`), or from the OOM message.
+    Cap(u64, bool),
+    /// The trace's last OOM event (its index) and the driver's free bytes there.
+    OomEvent(usize, u64),
+    /// The OOM message's total and what was outside PyTorch.
+    Message(u64, u64),
+    GpuMemory(u64),
+    /// nvidia-smi's total.
+    Samples(u64),
+    Unknown,
+}
+
+fn capacity_from(
+    tl: &Timeline,
+    dev: &DeviceTimeline,
+    memory_cap: Option<u64>,
+    gpu_memory: Option<u64>,
+) -> CapacityFrom {
+    let msg = tl.ooms.iter().rev().find(|m| m.device.is_none_or(|d| d == dev.device));
+    if let Some(cap) = memory_cap {
+        return CapacityFrom::Cap(cap, true);
+    }
+    if let Some(cap) = msg.and_then(|m| m.allowed_bytes) {
+        return CapacityFrom::Cap(cap, false);
+    }
+    let oom = dev.events.iter().enumerate().rev().find(|(_, e)| e.action == Action::Oom);
+    if let Some((i, free)) = oom.and_then(|(i, e)| dev.attrs(e).device_free().map(|f| (i, f))) {
+        return CapacityFrom::OomEvent(i, free);
+    }
+    if let Some((total, out)) = msg.and_then(|m| m.total_bytes.zip(m.non_pytorch_bytes)) {
+        return CapacityFrom::Message(total, out);
+    }
+    if let Some(g) = gpu_memory {
+        return CapacityFrom::GpuMemory(g);
+    }
+    match dev.memory_samples.iter().filter_map(|s| s.total).max() {
+        Some(total) => CapacityFrom::Samples(total),
+        None => CapacityFrom::Unknown,
+    }
+}
+
 /// The capacity the run had: a memory cap (given or from the OOM message), else what the OOM says the device had
 /// for PyTorch (reserved + free at the OOM), else the GPU's memory less what was outside PyTorch.
 pub fn capacity(
@@ -38,73 +83,48 @@ pub fn capacity(
 ) -> Capacity {
     let msg = tl.ooms.iter().rev().find(|m| m.device.is_none_or(|d| d == dev.device));
     let outside = msg.and_then(|m| m.non_pytorch_bytes);
-    if let Some(cap) = memory_cap.or(msg.and_then(|m| m.allowed_bytes)) {
-        let source = if memory_cap.is_some() { "the memory cap given" } else { "the memory cap in the OOM message" };
-        return Capacity { bytes: Some(cap), fraction_cap: true, source: source.into(), outside, at_most: None };
-    }
-    let oom = dev.events.iter().enumerate().rev().find(|(_, e)| e.action == Action::Oom);
-    if let Some((i, e)) = oom {
-        let reserved = replay.reserved_series.get(i).unwrap_or(replay.peak_reserved.0);
-        if let Some(free) = dev.attrs(e).device_free() {
+    let of = |bytes: u64, fraction_cap: bool, source: &str| Capacity {
+        bytes: Some(bytes),
+        fraction_cap,
+        source: source.into(),
+        outside,
+        at_most: None,
+    };
+    match capacity_from(tl, dev, memory_cap, gpu_memory) {
+        CapacityFrom::Cap(cap, given) => {
+            of(cap, true, if given { "the memory cap given" } else { "the memory cap in the OOM message" })
+        }
+        CapacityFrom::OomEvent(i, free) => {
+            let reserved = replay.reserved_series.get(i).unwrap_or(replay.peak_reserved.0);
             let rules = &replay.rules;
-            let wanted = Config::segment_size(rules.round(e.size));
+            let wanted = Config::segment_size(rules.round(dev.events[i].size));
             if wanted <= free && !rules.expandable {
                 // The driver had room for the segment: something capped the process below the device.
                 // Every segment made before fitted under it: at least the most PyTorch ever held.
                 let least = reserved.max(replay.peak_reserved.0);
                 return Capacity {
-                    bytes: Some(least),
-                    fraction_cap: true,
-                    source: "a cap below the device's free memory: at least the most PyTorch held".into(),
-                    outside,
                     at_most: Some((reserved + wanted - 1).max(least)),
+                    ..of(least, true, "a cap below the device's free memory: at least the most PyTorch held")
                 };
             }
-            return Capacity {
-                bytes: Some(reserved + free),
-                fraction_cap: false,
-                source: "PyTorch's reserved bytes plus the driver's free bytes at the OOM".into(),
-                outside,
-                at_most: None,
-            };
+            of(reserved + free, false, "PyTorch's reserved bytes plus the driver's free bytes at the OOM")
         }
-    }
-    if let Some(m) = msg {
-        if let (Some(total), Some(out)) = (m.total_bytes, m.non_pytorch_bytes) {
-            return Capacity {
-                bytes: Some(total.saturating_sub(out)),
-                fraction_cap: false,
-                source: "the OOM message's total less the memory outside PyTorch".into(),
-                outside,
-                at_most: None,
-            };
+        CapacityFrom::Message(total, out) => {
+            of(total.saturating_sub(out), false, "the OOM message's total less the memory outside PyTorch")
         }
-    }
-    if let Some(g) = gpu_memory {
-        return Capacity {
-            bytes: Some(g),
+        CapacityFrom::GpuMemory(g) => of(g, false, "--gpu-memory (memory outside PyTorch unknown)"),
+        CapacityFrom::Samples(total) => of(
+            total,
+            false,
+            "the GPU's memory as nvidia-smi gives it; memory outside PyTorch unknown, a cap would not show",
+        ),
+        CapacityFrom::Unknown => Capacity {
+            bytes: None,
             fraction_cap: false,
-            source: "--gpu-memory (memory outside PyTorch unknown)".into(),
+            source: "unknown: no OOM, no cap, no --gpu-memory".into(),
             outside,
             at_most: None,
-        };
-    }
-    if let Some(total) = dev.memory_samples.iter().filter_map(|s| s.total).max() {
-        return Capacity {
-            bytes: Some(total),
-            fraction_cap: false,
-            source: "the GPU's memory as nvidia-smi gives it; memory outside PyTorch unknown, a cap would not show"
-                .into(),
-            outside,
-            at_most: None,
-        };
-    }
-    Capacity {
-        bytes: None,
-        fraction_cap: false,
-        source: "unknown: no OOM, no cap, no --gpu-memory".into(),
-        outside,
-        at_most: None,
+        },
     }
 }
 
@@ -717,6 +737,7 @@ pub fn at_oom(
 /// What the remedies read from the trace alone: its requests (where the trace starts on an empty device) and their
 /// categories. Made ahead where a core would wait: beside the replay, which the analysis needs first.
 pub struct Prepared {
+    device: i64,
     workload: Workload,
     categories: RequestCategories,
 }
@@ -724,15 +745,19 @@ pub struct Prepared {
 type RequestCategories = (Vec<u8>, [bool; super::categories::CATEGORIES.len()]);
 
 impl Prepared {
-    /// `None` where the trace does not start on an empty device (its workload needs the replay's rebuilt start).
+    /// `None` where the trace shows it did not start on an empty device (see [`Workload::from_empty_start`]): its
+    /// workload needs the replay's rebuilt start.
     pub fn new(tl: &Timeline, dev: &DeviceTimeline, cats: &mut super::categories::CategoryCache) -> Option<Prepared> {
         let workload = Workload::from_empty_start(dev)?;
-        Some(Prepared { workload, categories: request_categories(tl, dev, cats) })
+        Some(Prepared { device: dev.device, workload, categories: request_categories(tl, dev, cats) })
     }
 
-    /// Whether the remedies of this device at its moment will be tried (see [`at_oom`]): worth preparing.
+    /// Whether the remedies of this device will be tried (see [`at_oom`]): at its OOM, with a capacity to try them
+    /// against.
     pub fn wanted(tl: &Timeline, dev: &DeviceTimeline, opts: &super::Options) -> bool {
-        matches!(opts.at, super::At::Auto | super::At::Oom) && oom_event(tl, dev).is_some()
+        matches!(opts.at, super::At::Auto | super::At::Oom)
+            && oom_event(tl, dev).is_some()
+            && capacity_from(tl, dev, opts.memory_cap, opts.gpu_memory) != CapacityFrom::Unknown
     }
 }
 
@@ -748,7 +773,8 @@ pub struct OomCase<'a> {
 }
 
 /// The remedies tried for a GPU whose memory is held mostly by `holder`, with `leak` the stacks that accumulate
-/// (see [`at_oom`]); public for the benchmark.
+/// (see [`at_oom`]); public for the benchmark. `prepared` (this device's) serves where the replay finds the trace
+/// complete; otherwise the workload is read from the replay.
 pub fn remedies(
     tl: &Timeline,
     dev: &DeviceTimeline,
@@ -763,10 +789,11 @@ pub fn remedies(
     // No allocator setting packs the live tensors and the request into less than their sum: past the most the
     // process could hold, the settings are not tried.
     let settings_hopeless = need.is_some_and(|n| n > cap.at_most.or(cap.bytes).unwrap_or(u64::MAX));
-    // The requests' categories (a pass over the events) beside the workload (another).
     // A workload read before the replay said whether the trace starts on an empty device serves where it does.
+    debug_assert!(prepared.as_ref().is_none_or(|p| p.device == dev.device), "prepared for another device");
     let (plain, (cat_of, has)) = match prepared.filter(|_| replay.complete()) {
         Some(p) => (p.workload, p.categories),
+        // The requests' categories (a pass over the events) beside the workload (another).
         None => std::thread::scope(|s| {
             let categories = crate::threads::beside(s, || request_categories(tl, dev, cats));
             let plain = Workload::from_trace(replay);

@@ -120,9 +120,11 @@ impl Workload {
             .expect("read in full when not asked to stop")
     }
 
-    /// The workload of a trace that starts on an empty device, read before its replay says whether it does: `None`
-    /// at the first free of a block the trace did not allocate (the replay would start from a rebuilt state). Equal
-    /// to [`Workload::from_trace`] of a replay that finds the trace complete.
+    /// The workload of a trace that starts on an empty device, read before its replay says whether it does. Equal
+    /// to [`Workload::from_trace`] of a replay that finds the trace complete. `None` where the trace shows it is not:
+    /// at the first free of a block it did not allocate (a ring buffer that wrapped), or at its end where a block
+    /// live in the file's state was not allocated in it (recording started after the model was built). Segments
+    /// made before the trace and holding nothing at its end are not looked for: the replay tells those.
     pub fn from_empty_start(dev: &DeviceTimeline) -> Option<Workload> {
         Workload::read(dev, &State::default(), false, true)
     }
@@ -131,7 +133,7 @@ impl Workload {
         dev: &DeviceTimeline,
         start_state: &State,
         rebuilt_start: bool,
-        stop_at_unmatched_free: bool,
+        empty_start_only: bool,
     ) -> Option<Workload> {
         let mut w = Workload { rebuilt_start, ..Default::default() };
         let mut streams: Vec<u64> = dev.event_attrs.all().iter().map(|a| a.stream).collect();
@@ -206,7 +208,7 @@ impl Workload {
                 }
                 Action::FreeCompleted => match live.remove(&e.addr) {
                     Some(id) => w.ops.push(Op::Free { id, event: at }),
-                    None if stop_at_unmatched_free => return None,
+                    None if empty_start_only => return None,
                     None => w.unmatched_frees += 1,
                 },
                 Action::SegmentAlloc => {
@@ -234,6 +236,7 @@ impl Workload {
                     let (stream, pool) = stream_and_pool(e, &mut w.pools);
                     w.ops.push(Op::Failed { size: e.size, stream, pool, event: at })
                 }
+                Action::FreeRequested if empty_start_only && !live.contains_key(&e.addr) => return None,
                 Action::SegmentMap
                 | Action::FreeRequested
                 | Action::Snapshot
@@ -246,6 +249,11 @@ impl Workload {
         w.segment_addresses = std::sync::Arc::new(addresses);
         w.addresses_descend = descending(&in_order);
         w.ids = next_id;
+        let held_before =
+            |b: &crate::timeline::Block| b.state != BlockState::Inactive && !live.contains_key(&b.address);
+        if empty_start_only && dev.segments.iter().flat_map(|s| &s.blocks).any(held_before) {
+            return None;
+        }
         Some(w)
     }
 
