@@ -15,7 +15,8 @@
 //! profiler. With AUTO_ONLY set, it runs the verdict's automatic what-ifs 30 times, each one's time on stderr: the
 //! same, for them (their workload read beforehand, as the analysis reads it beside its replay).
 //!
-//! Last, the analysis end to end: the trace with an OOM appended, against the analysis without it.
+//! Last, the analysis end to end: the trace with an OOM appended (one of fragments, then a shortage) under a cap at
+//! the recorded peak, against the analysis of the trace as it is under the same cap.
 
 mod common;
 
@@ -218,7 +219,7 @@ fn main() {
     // is what the verdict's what-ifs, and the OOM's own report, add.
     assert!(dev.events.iter().all(|e| e.action != oomdoc::timeline::Action::Oom), "the bench's trace has no OOM");
     let cap = replay.peak_reserved.0;
-    let end = replay.state_at(Some(dev.events.len() as u32 - 1));
+    let end = replay.state_at(dev.events.len().checked_sub(1).map(|l| l as u32));
     let round = |b: u64| b.next_multiple_of(2 << 20);
     let fragments = round(cap.saturating_sub(end.reserved).max(end.largest_free_block()) + (2 << 20));
     let shortage = round(cap.saturating_sub(end.allocated) + (2 << 20));
@@ -240,6 +241,9 @@ fn main() {
         events.push(oomdoc::timeline::Event::new(oomdoc::timeline::Action::Oom, 0, request));
         let with_oom = median((0..3).map(|_| whole(&job.timelines[0], &mut tried)).collect());
         job.timelines[0].devices[d].events.pop();
+        // The OOM of fragments must be one: the settings are tried only there.
+        let settings = tried.iter().any(|t| t.starts_with("expandable_segments") || t.starts_with("max_split"));
+        assert_eq!(settings, name == "fragments", "{name}: what-ifs tried: {tried:?}");
         println!(
             "  analysis under a cap at the peak {}; ending at an OOM of {name} {} ({:.2}×; what-ifs tried: {})",
             ms(without),

@@ -21,8 +21,8 @@ pub(super) fn analyze_device<'t>(
     // also counts what the trace lacks, which that replay needs after its undo.
     let mut cache = categories::CategoryCache::new(cats, tl);
     let count = SharedCount::default();
-    // At an OOM, the remedies' workload is read on this thread too, which mostly waits for the replay (on a 1M-entry
-    // trace the replay takes about 50 ms, the event facts 25-35, the workload's read 15-30).
+    // At an OOM whose remedies will be tried, their workload is read on this thread too, which mostly waits for the
+    // replay (on a 1M-entry trace the replay takes about 50 ms, the event facts 25-35, the workload's read 15-30).
     let (replay, event_facts, prepared) = std::thread::scope(|s| {
         let replay = beside(s, || Replay::counted(dev, tl.settings.as_ref(), Some(&count)));
         let event_facts = facts::event_facts(tl, dev, &mut cache);
@@ -122,23 +122,22 @@ pub(super) fn analyze_device<'t>(
         c.iteration_ends.clone_from(&it.ends);
     }
     report.holder = verdict::holder(tl, &report, &state, &attribution);
-    // At a fragmentation OOM, the run's worst moments (a replay up to the OOM) are found beside the what-ifs, which
-    // leave a core idle while one chain of remedies runs longer than the other.
-    let fragmented = report.oom.as_ref().filter(|o| super::fragments::fragmented(o));
-    let last = fragmented.and_then(|o| o.event_index);
+    // At an OOM of fragments, the blocks that pin them are found from the state; the run's worst moments (a replay
+    // up to the OOM) beside the what-ifs, which leave a core idle while one chain of remedies runs longer.
+    let mut pinning = report.oom.as_ref().and_then(|o| super::fragments::pinning(tl, dev, &state, o));
+    let to_oom = report.oom.as_ref().and_then(|o| o.event_index);
     let (whatif, worst_moments) = std::thread::scope(|s| {
         let replay = &replay;
-        let worst = fragmented.map(|_| beside(s, move || super::fragments::worst_moments(dev, replay, last)));
+        let worst = pinning.as_ref().map(|_| beside(s, move || super::fragments::worst_moments(dev, replay, to_oom)));
         let whatif = super::whatif::at_oom(tl, dev, replay, &report, &mut cache, opts, prepared);
         (whatif, worst.map(|w| w()))
     });
     report.whatif = whatif;
     super::whatif::mark_recorded_part_only(idx.map(|i| i as usize), &event_facts, &mut report.whatif);
-    report.pinning = report
-        .oom
-        .as_ref()
-        .zip(worst_moments)
-        .and_then(|(o, worst)| super::fragments::pinning(tl, dev, &state, o, worst));
+    if let (Some(p), Some(worst)) = (pinning.as_mut(), worst_moments) {
+        p.worst_moments = worst;
+    }
+    report.pinning = pinning;
     if let (Some(p), Some(map)) = (&report.pinning, report.segment_map.as_mut()) {
         chart::mark_pinning(map, &state, &p.addresses);
     }

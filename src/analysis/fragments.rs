@@ -61,29 +61,15 @@ pub struct FragmentedMoment {
     pub pinned_free_bytes: u64,
 }
 
-/// A fragmentation OOM: the request no larger than the pool's cached free bytes, larger than its largest free block.
-pub fn fragmented(oom: &OomReport) -> bool {
-    let (Some(requested), Some(free), Some(largest)) =
-        (oom.requested_bytes, oom.cached_free_in_pool_bytes, oom.largest_free_in_pool_bytes)
-    else {
-        return false;
-    };
-    requested <= free && requested > largest
-}
-
-/// The pinning at a [`fragmented`] OOM, with the run's worst moments (from [`worst_moments`] up to the OOM's event);
-/// `None` otherwise.
-pub fn pinning(
-    tl: &Timeline,
-    dev: &DeviceTimeline,
-    state: &State,
-    oom: &OomReport,
-    worst_moments: Vec<FragmentedMoment>,
-) -> Option<Pinning> {
-    if !fragmented(oom) {
+/// The pinning at a fragmentation OOM (the request no larger than the pool's cached free bytes, larger than its
+/// largest free block), found from the state there; `None` otherwise. Its worst moments are left for the caller
+/// to fill from [`worst_moments`] up to the OOM's event (a replay: run beside other work).
+pub fn pinning(tl: &Timeline, dev: &DeviceTimeline, state: &State, oom: &OomReport) -> Option<Pinning> {
+    let requested = oom.requested_bytes?;
+    let (free, largest) = (oom.cached_free_in_pool_bytes?, oom.largest_free_in_pool_bytes?);
+    if requested > free || requested <= largest {
         return None;
     }
-    let requested = oom.requested_bytes?;
     let kind = if requested <= 1 << 20 { PoolKind::Small } else { PoolKind::Large };
     let stream = oom.stream.unwrap_or(0);
     let now = oom.time_us;
@@ -165,7 +151,7 @@ pub fn pinning(
         segments,
         blocks,
         by_stack: merged,
-        worst_moments,
+        worst_moments: Vec::new(),
         addresses,
     })
 }
@@ -179,7 +165,8 @@ fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
 }
 
 /// The large pool's pinned free memory at evenly spaced events up to `last`: the worst few stretches, each named by
-/// its worst sample. A replay of the trace up to `last`: the analysis runs it beside the what-ifs.
+/// its worst sample. A replay of the trace up to `last`: the analysis runs it beside the what-ifs, where
+/// [`pinning`] found the OOM's fragments pinned.
 pub fn worst_moments(dev: &DeviceTimeline, replay: &Replay, last: Option<u32>) -> Vec<FragmentedMoment> {
     let n = last.map_or(dev.events.len(), |l| l as usize + 1);
     if n == 0 {
