@@ -226,11 +226,11 @@ fn main() {
     let d = tl.devices.iter().position(|d| std::ptr::eq(d, dev)).expect("the device");
     drop(replay);
     let opts = oomdoc::analysis::Options { memory_cap: Some(cap), ..Default::default() };
-    let whole = |tl: &oomdoc::timeline::Timeline, tried: &mut Vec<String>| {
+    let whole = |tl: &oomdoc::timeline::Timeline, tried: &mut Vec<whatif::WhatIf>| {
         let t = Instant::now();
         let a = oomdoc::analysis::analyze(tl, &opts, &cats).expect("analyses");
         let d = t.elapsed();
-        *tried = a.devices.iter().flat_map(|r| r.whatif.iter().map(|w| w.change.clone())).collect();
+        *tried = a.devices.iter().flat_map(|r| r.whatif.iter().cloned()).collect();
         d
     };
     for (name, request) in [("fragments", fragments), ("a shortage", shortage)] {
@@ -242,7 +242,10 @@ fn main() {
         let with_oom = median((0..3).map(|_| whole(&job.timelines[0], &mut tried)).collect());
         job.timelines[0].devices[d].events.pop();
         // The OOM of fragments must be one: the settings are tried only there.
-        let settings = tried.iter().any(|t| t.starts_with("expandable_segments") || t.starts_with("max_split"));
+        let settings = tried
+            .iter()
+            .any(|w| matches!(w.knob, Some(whatif::Knob::ExpandableSegments | whatif::Knob::MaxSplitSize(_))));
+        let tried: Vec<String> = tried.iter().map(|w| w.change.clone()).collect();
         assert_eq!(settings, name == "fragments", "{name}: what-ifs tried: {tried:?}");
         println!(
             "  analysis under a cap at the peak {}; ending at an OOM of {name} {} ({:.2}×; what-ifs tried: {})",
