@@ -14,6 +14,7 @@
 //! With SIM_ONLY set, it simulates the recorded settings 20 times and says only the best and median: a run for a
 //! profiler. With AUTO_ONLY set, it runs the verdict's automatic what-ifs 30 times, each one's time on stderr: the
 //! same, for them (their workload read beforehand, as the analysis reads it beside its replay).
+//! With E2E_ONLY set, it analyses the trace ending at the OOM of fragments 20 times, each time on stderr.
 //!
 //! Last, the analysis end to end: the trace with an OOM appended (one of fragments, then a shortage) under a cap at
 //! the recorded peak, against the analysis of the trace as it is under the same cap.
@@ -233,6 +234,19 @@ fn main() {
         *tried = a.devices.iter().flat_map(|r| r.whatif.iter().cloned()).collect();
         d
     };
+    // With E2E_ONLY set, only the trace ending at the OOM of fragments, analysed 20 times: a run for a profiler.
+    if std::env::var_os("E2E_ONLY").is_some() {
+        job.timelines[0].devices[d].events.push(oomdoc::timeline::Event::new(
+            oomdoc::timeline::Action::Oom,
+            0,
+            fragments,
+        ));
+        let mut tried = Vec::new();
+        for _ in 0..20 {
+            eprintln!("{}", ms(whole(&job.timelines[0], &mut tried)));
+        }
+        return;
+    }
     for (name, request) in [("fragments", fragments), ("a shortage", shortage)] {
         let mut tried = Vec::new();
         let without = median((0..3).map(|_| whole(&job.timelines[0], &mut tried)).collect());

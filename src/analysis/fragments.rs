@@ -6,14 +6,13 @@ use serde::Serialize;
 
 use super::model::OomReport;
 use super::stacks::culprit;
-use crate::timeline::replay::{Replay, State};
+use crate::timeline::replay::{free_sample_step, LargePoolFree, Replay, State};
 use crate::timeline::stacks::StackId;
 use crate::timeline::{BlockState, DeviceTimeline, PoolKind, Timeline};
 
 /// The stacks named, at most.
 const STACKS_SHOWN: usize = 5;
-/// Moments sampled over the trace for the worst fragmentation, and how many are named.
-const SAMPLES: usize = 256;
+/// The moments of worst fragmentation named, at most.
 const MOMENTS_SHOWN: usize = 3;
 
 #[derive(Clone, Debug, Serialize)]
@@ -156,6 +155,23 @@ pub fn pinning(tl: &Timeline, dev: &DeviceTimeline, state: &State, oom: &OomRepo
     })
 }
 
+/// The large pools' free memory at evenly spaced events among the first `n` (see [`Replay::free_samples`]), by a
+/// replay of them; public for the test that holds the replay's own samples to it.
+#[doc(hidden)]
+pub fn free_samples_replayed(replay: &Replay, n: usize) -> Vec<LargePoolFree> {
+    let step = free_sample_step(n);
+    let mut st = replay.state_at(None);
+    let mut at: Option<u32> = None;
+    (step - 1..n)
+        .step_by(step)
+        .map(|i| {
+            replay.advance(&mut st, at, i as u32);
+            at = Some(i as u32);
+            st.large_pool_free(i as u32)
+        })
+        .collect()
+}
+
 fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     match (a, b) {
         (Some(x), Some(y)) => Some(x.min(y)),
@@ -165,46 +181,29 @@ fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
 }
 
 /// The large pool's pinned free memory at evenly spaced events up to `last`: the worst few stretches, each named by
-/// its worst sample. A replay of the trace up to `last`: the analysis runs it beside the what-ifs, where
-/// [`pinning`] found the OOM's fragments pinned.
+/// its worst sample. Read off the replay where `last` is the trace's last OOM (it sampled them as it passed);
+/// otherwise a replay of the trace up to `last`, which the analysis runs beside the what-ifs, where [`pinning`]
+/// found the OOM's fragments pinned.
 pub fn worst_moments(dev: &DeviceTimeline, replay: &Replay, last: Option<u32>) -> Vec<FragmentedMoment> {
     let n = last.map_or(dev.events.len(), |l| l as usize + 1);
     if n == 0 {
         return Vec::new();
     }
-    let step = n.div_ceil(SAMPLES).max(1);
-    let mut st = replay.state_at(None);
-    let mut at: Option<u32> = None;
-    let mut samples: Vec<FragmentedMoment> = Vec::new();
-    let mut i = step - 1;
-    while i < n {
-        replay.advance(&mut st, at, i as u32);
-        at = Some(i as u32);
-        let (mut free, mut largest, mut pinned) = (0u64, 0u64, 0u64);
-        for seg in st.segments.values().filter(|s| s.kind != Some(PoolKind::Small)) {
-            let (mut seg_free, mut live) = (0u64, false);
-            for (_, b) in st.segment_blocks(seg.addr) {
-                if b.state == BlockState::Inactive {
-                    seg_free += b.size;
-                    largest = largest.max(b.size);
-                } else {
-                    live = true;
-                }
-            }
-            free += seg_free;
-            if live {
-                pinned += seg_free;
-            }
-        }
-        samples.push(FragmentedMoment {
-            event_index: i as u32,
-            time_us: dev.events[i].time_us(),
-            cached_free_bytes: free,
-            largest_free_block_bytes: largest,
-            pinned_free_bytes: pinned,
-        });
-        i += step;
-    }
+    // The replay sampled them as it passed, where `last` is the trace's last OOM.
+    let samples: Vec<LargePoolFree> = match replay.free_samples(n) {
+        Some(s) => s.to_vec(),
+        None => free_samples_replayed(replay, n),
+    };
+    let samples: Vec<FragmentedMoment> = samples
+        .into_iter()
+        .map(|s| FragmentedMoment {
+            event_index: s.event,
+            time_us: dev.events[s.event as usize].time_us(),
+            cached_free_bytes: s.cached,
+            largest_free_block_bytes: s.largest_block,
+            pinned_free_bytes: s.pinned,
+        })
+        .collect();
     let mut order: Vec<usize> = (0..samples.len()).filter(|&k| samples[k].pinned_free_bytes > 0).collect();
     order.sort_by(|&a, &b| samples[b].pinned_free_bytes.cmp(&samples[a].pinned_free_bytes).then(a.cmp(&b)));
     // A lesser moment is named only when it is its own episode: between it and every moment named before it, the

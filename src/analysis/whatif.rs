@@ -137,6 +137,7 @@ pub fn recorded_config(tl: &Timeline, replay: &Replay, cap: &Capacity) -> Config
         fraction_cap: cap.fraction_cap,
         device_total: tl.ooms.iter().rev().find_map(|m| m.total_bytes),
         follow_refusals: false,
+        stop_at_first_failure: false,
     }
 }
 
@@ -807,8 +808,10 @@ pub fn remedies(
     let leak: rustc_hash::FxHashSet<_> = leak.iter().copied().collect();
     let exact = !plain.rebuilt_start;
     let sim = |knob: Knob, capacity: Option<u64>| -> (Outcome, Config) {
-        let mut cfg = base.clone();
-        cfg.capacity = capacity;
+        // The verdict asks only whether the run would have got past its OOM: past a failure the program would
+        // have raised, and a run that fails early under a setting (a trace whose start was rebuilt) would
+        // otherwise go on failing at every request to its end.
+        let mut cfg = Config { capacity, stop_at_first_failure: true, ..base.clone() };
         let out = match knob {
             Knob::ExpandableSegments => {
                 cfg.rules.expandable = true;

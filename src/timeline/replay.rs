@@ -348,6 +348,28 @@ impl State {
         self.blocks.len()
     }
 
+    /// The large pools' cached free memory: what fragmentation is read from (the small pool's 2 MiB segments hold
+    /// requests of 1 MiB or less, which no fragment of it fails).
+    pub fn large_pool_free(&self, event: u32) -> LargePoolFree {
+        let mut out = LargePoolFree { event, ..LargePoolFree::default() };
+        for seg in self.segments.values().filter(|s| s.kind != Some(PoolKind::Small)) {
+            let (mut free, mut live) = (0u64, false);
+            for (_, b) in self.segment_blocks(seg.addr) {
+                if b.state == BlockState::Inactive {
+                    free += b.size;
+                    out.largest_block = out.largest_block.max(b.size);
+                } else {
+                    live = true;
+                }
+            }
+            out.cached += free;
+            if live {
+                out.pinned += free;
+            }
+        }
+        out
+    }
+
     /// Applies one event going forward in time.
     pub fn apply(&mut self, e: &Event, idx: u32, rules: &Rules, attrs: &EventAttrTable) -> Result<(), &'static str> {
         match e.action {
@@ -826,6 +848,31 @@ impl SharedCount {
 /// Checkpoint spacing: `state_at` replays at most this many events from a stored state.
 const CHECKPOINT_EVERY: usize = 1 << 16;
 
+/// The large pools' free memory right after one event (see [`State::large_pool_free`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LargePoolFree {
+    pub event: u32,
+    /// Free bytes cached in the large pools' segments.
+    pub cached: u64,
+    pub largest_block: u64,
+    /// Free bytes in segments that also hold live blocks: what no release can return.
+    pub pinned: u64,
+}
+
+/// How many events up to an OOM the large pools' free memory is sampled at, evenly spaced.
+pub const FREE_SAMPLES: usize = 256;
+
+/// The events sampled among the first `n`: every `step`-th, the first at `step - 1`.
+pub fn free_sample_step(n: usize) -> usize {
+    n.div_ceil(FREE_SAMPLES).max(1)
+}
+
+/// The events a trace's free memory is sampled over as its replay passes them: up to its last OOM, where the
+/// analysis looks for the moments the fragments were worst (another pass otherwise, on a core the what-ifs want).
+fn sampled_events(dev: &DeviceTimeline) -> usize {
+    dev.events.iter().rposition(|e| e.action == Action::Oom).map_or(0, |i| i + 1)
+}
+
 /// Replays one device. Construction runs one forward pass (for the peak, checkpoints and the end-state check);
 /// `state_at` starts from the nearest checkpoint.
 pub struct Replay<'t> {
@@ -845,6 +892,9 @@ pub struct Replay<'t> {
     pub allocated_series: Vec<u64>,
     /// Reserved bytes right after each event.
     pub reserved_series: StepSeries,
+    /// The large pools' free memory at [`FREE_SAMPLES`] evenly spaced events among the first `.0` (up to the
+    /// trace's last OOM; none without one).
+    free_samples: (usize, Vec<LargePoolFree>),
 }
 
 /// A per-event series that changes at few events, kept as its change points: reserved bytes move only when a
@@ -915,11 +965,15 @@ struct Pass {
     end: State,
     allocated_series: Vec<u64>,
     reserved_series: StepSeries,
+    /// Free memory sampled among the first `sampled` events, the next sample after event `next_sample`.
+    sampled: usize,
+    next_sample: usize,
+    free_samples: Vec<LargePoolFree>,
 }
 
 impl Pass {
-    /// A pass about to replay `len` events from `start`.
-    fn new(start: State, len: usize) -> Pass {
+    /// A pass about to replay `len` events from `start`, sampling free memory among the first `sampled`.
+    fn new(start: State, len: usize, sampled: usize) -> Pass {
         let allocated_series = Vec::with_capacity(len);
         crate::huge_pages::advise(&allocated_series);
         crate::huge_pages::populate_soon(&allocated_series, len * 8);
@@ -931,6 +985,9 @@ impl Pass {
             end: start,
             allocated_series,
             reserved_series: StepSeries::default(),
+            sampled,
+            next_sample: if sampled == 0 { usize::MAX } else { free_sample_step(sampled) - 1 },
+            free_samples: Vec::new(),
         }
     }
 
@@ -963,6 +1020,13 @@ impl Pass {
             }
             self.allocated_series.push(st.allocated);
             self.reserved_series.push(st.reserved);
+            if i == self.next_sample {
+                self.free_samples.push(st.large_pool_free(i as u32));
+                self.next_sample += free_sample_step(self.sampled);
+                if self.next_sample >= self.sampled {
+                    self.next_sample = usize::MAX;
+                }
+            }
         }
         true
     }
@@ -976,7 +1040,7 @@ impl Pass {
 }
 
 fn forward(dev: &DeviceTimeline, start: State, rules: &Rules) -> Pass {
-    let mut pass = Pass::new(start, dev.events.len());
+    let mut pass = Pass::new(start, dev.events.len(), sampled_events(dev));
     pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, false);
     pass.finish()
 }
@@ -984,7 +1048,7 @@ fn forward(dev: &DeviceTimeline, start: State, rules: &Rules) -> Pass {
 /// The pass from an empty device, or `None` at its first anomaly: a trace whose ring buffer wrapped (the usual
 /// case for a long run) meets one within its first events, and the pass would be thrown away.
 fn forward_from_empty(dev: &DeviceTimeline, rules: &Rules) -> Option<Pass> {
-    let mut pass = Pass::new(State::default(), dev.events.len());
+    let mut pass = Pass::new(State::default(), dev.events.len(), sampled_events(dev));
     pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, true).then(|| pass.finish())
 }
 
@@ -1131,7 +1195,14 @@ impl<'t> Replay<'t> {
             end_mismatch,
             allocated_series: pass.allocated_series,
             reserved_series: pass.reserved_series,
+            free_samples: (pass.sampled, pass.free_samples),
         }
+    }
+
+    /// The large pools' free memory at [`FREE_SAMPLES`] evenly spaced events among the first `n`, where the
+    /// replay sampled those as it passed them (`n` up to the trace's last OOM); `None` otherwise.
+    pub fn free_samples(&self, n: usize) -> Option<&[LargePoolFree]> {
+        (n > 0 && self.free_samples.0 == n).then_some(&self.free_samples.1[..])
     }
 
     /// Whether the trace reaches back to an empty allocator.

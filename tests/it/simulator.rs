@@ -381,6 +381,39 @@ fn the_blocks_that_pin_the_fragments_are_named_on_the_real_fragmentation_capture
 }
 
 #[test]
+fn the_replay_samples_the_free_memory_a_replay_up_to_the_oom_finds() {
+    use oomdoc::analysis::fragments::free_samples_replayed;
+    use oomdoc::timeline::Action;
+    // From an empty device, from a rebuilt start (the trace wrapped), and a trace with no OOM (nothing sampled).
+    let (mut sampled, mut rebuilt) = (0, 0);
+    for input in [
+        "fixtures/real-gpu/fragmentation",
+        "fixtures/generated/rules/fragmentation-fire.pickle",
+        "fixtures/generated/dialects/cuda-trace-overflowed.pickle",
+        "fixtures/real-gpu/leaked-references",
+    ] {
+        let job = Job::read(&JobOptions::new([root().join(input)])).unwrap();
+        for tl in &job.timelines {
+            for dev in &tl.devices {
+                let replay = Replay::new(dev, tl.settings.as_ref());
+                let n = dev.events.iter().rposition(|e| e.action == Action::Oom).map_or(0, |i| i + 1);
+                match replay.free_samples(n) {
+                    Some(s) => {
+                        assert_eq!(s, &free_samples_replayed(&replay, n)[..], "{input}: GPU {}", dev.device);
+                        assert_eq!(s.len(), n / n.div_ceil(256), "{input}");
+                        sampled += 1;
+                        rebuilt += usize::from(!replay.complete());
+                    }
+                    None => assert_eq!(n, 0, "{input}: an OOM at event {} unsampled", n - 1),
+                }
+                assert!(replay.free_samples(n.saturating_sub(1)).is_none());
+            }
+        }
+    }
+    assert!(sampled >= 3 && rebuilt >= 1, "{sampled} sampled, {rebuilt} from a rebuilt start");
+}
+
+#[test]
 fn the_html_marks_the_pinning_blocks_and_the_worst_moment() {
     let out = oomdoc(&["analyze", "fixtures/real-gpu/fragmentation", "--format", "html", "--no-progress"]);
     assert!(out.status.success());
@@ -462,6 +495,15 @@ fn skipping_changes_nothing(input: &str) -> (f64, f64) {
                         "{input} GPU {}, config {c}, edit {e}: {fast:?}\nop by op: {slow:?}",
                         dev.device
                     );
+                    // Asked only whether it fits, the run stops at its first failure: the same answer, the same
+                    // first failure, and where nothing fails the same run.
+                    let cfg = simulator::Config { stop_at_first_failure: true, ..cfg.clone() };
+                    let stopped = simulator::simulate_with(&w, cfg, false, edit);
+                    let answer = |o: &simulator::Outcome| (o.fits(), o.first_failure, o.failures.min(1));
+                    assert_eq!(answer(&stopped), answer(&slow), "{input} GPU {}, config {c}, edit {e}", dev.device);
+                    if slow.fits() {
+                        assert_eq!(stopped.peak_reserved, slow.peak_reserved, "{input} config {c}, edit {e}");
+                    }
                 }
             }
         }

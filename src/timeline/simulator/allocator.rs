@@ -42,6 +42,9 @@ pub struct Config {
     /// Where the trace shows the driver refusing a new segment, refuse it too (replaying the run as it was);
     /// otherwise the capacity alone decides (what-ifs).
     pub follow_refusals: bool,
+    /// Stop at the first request that finds no room, as the program would (torch raises there): for a question
+    /// that only asks whether the run fits. Otherwise the run goes on past each failure, the request left out.
+    pub stop_at_first_failure: bool,
 }
 
 impl Config {

@@ -104,8 +104,12 @@ fn run(
     // workload are spent on it, whatever the repeats found.
     let mut skip = Skipper { budget: 4 * w.ops.len() as u64, ..Skipper::default() };
     let mut memo = passes.map(|p| Memo::new(p, w.ops.len() as u64));
+    let stop_at_failure = sim.a.config().stop_at_first_failure;
     let mut i = 0;
     while i < w.ops.len() {
+        if stop_at_failure && sim.out.failures > 0 {
+            break;
+        }
         if let Some(to) = skip.at(i, repeats, &sim.a, &sim.out, w, &mut sim.blocks) {
             // A window being written down op by op is not, past a skip.
             if let Some(m) = memo.as_mut() {
