@@ -224,6 +224,8 @@ pub fn validate(tl: &Timeline, dev: &DeviceTimeline, replay: &Replay, memory_cap
 pub struct WhatIf {
     /// The change, as the command line says it (`expandable_segments:True`, `scale activation=0.75`, …).
     pub change: String,
+    /// The most the allocator held in the simulation; for the verdict's remedies that do not fit, up to the first
+    /// request that failed (the program raises there).
     pub peak_reserved_bytes: u64,
     /// Every request fits (`None`: the capacity is unknown).
     pub fits: Option<bool>,
