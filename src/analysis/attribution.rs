@@ -1012,6 +1012,11 @@ fn roles_before_recording(
 /// size (an embedding without its copies, an activation) says there are none. A
 /// factor of 2 is as often an even number of layers or an untied embedding as a gradient, so only 3 (two optimizer
 /// moments, or a gradient and one) and 4 (a gradient and two moments) count.
+///
+/// A transformer's counts divide by 4 without any copy (4 projections a layer, 8 or 32 layers; a forward's
+/// activations, 10 a layer), so the factor must leave a model behind: one copy's counts are its layers' (each size
+/// a weight of every layer, or the embedding and the head), and those that repeat share the number of layers.
+/// Activations read as copies leave none (20, 7, 6 and 8 a copy), nor do a few large tensors (4 and 4: one a copy).
 fn copies_from_counts(by_size: &FxHashMap<u64, Vec<u64>>) -> u64 {
     let total: u64 = by_size.iter().map(|(s, a)| s * a.len() as u64).sum();
     let counts: Vec<u64> =
@@ -1020,7 +1025,16 @@ fn copies_from_counts(by_size: &FxHashMap<u64, Vec<u64>>) -> u64 {
         return 1;
     }
     let g = counts.iter().fold(0, |g, &c| gcd(g, c));
-    [4, 3].into_iter().find(|&k| g.is_multiple_of(k)).unwrap_or(1)
+    let Some(k) = [4, 3].into_iter().find(|&k| g.is_multiple_of(k)) else {
+        return 1;
+    };
+    let repeated: Vec<u64> = counts.iter().map(|c| c / k).filter(|&n| n >= 2).collect();
+    let layers = repeated.iter().fold(0, |g, &c| gcd(g, c));
+    if repeated.len() >= 2 && layers >= 2 {
+        k
+    } else {
+        1
+    }
 }
 
 fn gcd(a: u64, b: u64) -> u64 {

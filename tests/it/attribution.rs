@@ -361,3 +361,24 @@ fn a_training_trace_reads_copies_from_the_counts_where_nothing_else_shows_them()
     assert_eq!(mib(&infer, "optimizer_state") + mib(&infer, "gradient"), 0, "{infer:?}");
     assert!(mib(&infer, "parameter") >= 9700, "{infer:?}");
 }
+
+#[test]
+fn a_state_only_dump_reads_copies_only_where_they_leave_a_layered_model() {
+    // State-only copies (bench/attribution.py's `state` variant) of real captures. A Trainer OOM in its forward:
+    // 80, 28, 24 and 32 blocks of the sizes that hold the memory divide by 4, but a copy would be 20, 7, 6 and 8 of
+    // them, no model's layers; it is activations (7.4 GiB) and weights. JAX beside PyTorch: 4 blocks of 8 GiB and 4
+    // of 256 MiB, one of each a copy. A GPT-2 trained with AdamW, 9 blocks of its embedding's size among 288 and 384
+    // (one of them the logits): no factor leaves 24 layers behind. All three were read as an optimizer's copies.
+    for name in ["trainer-batch-12-state.pickle.xz", "jax-preallocated-state.pickle.xz", "wl-train-state.pickle.xz"] {
+        let cats = degraded(name);
+        assert!(["optimizer_state", "gradient", "parameter"].iter().all(|c| mib(&cats, c) == 0), "{name}: {cats:?}");
+    }
+    // Where the copies are real, each keeps the model's layers (36, 2 and 48 a copy of 144, 8 and 192): AdamW's two
+    // moments and the gradients, as the full file says (1,457, 728 and 728 MiB).
+    let cats = degraded("bcrafton-state.pickle.xz");
+    assert_eq!(
+        (mib(&cats, "optimizer_state"), mib(&cats, "gradient"), mib(&cats, "parameter")),
+        (1457, 728, 728),
+        "{cats:?}"
+    );
+}
