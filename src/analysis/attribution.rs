@@ -491,8 +491,9 @@ fn attribute_with(
         let by_size = trace.by_size(tl, dev, cats, state);
         by_size.iter().map(|(&size, ev)| (size, (ev.freed_from_before_after_step, ev.gradients_at_most))).collect()
     };
-    // Copies are read from how the counts divide in a state-only dump, and in a trace that shows the job training.
-    let counts_say_copies = events.is_empty() || trace.shows_backward(dev, cats);
+    // Copies are read from how the counts divide in a state-only dump, a trace that shows the job training, and a
+    // trace with no frame at all, which cannot show it (the counts must still leave a layered model behind).
+    let counts_say_copies = events.is_empty() || !trace.stacks || trace.shows_backward(dev, cats);
     let roles = roles_before_recording(
         &mut out,
         state,
