@@ -590,11 +590,14 @@ def attribution(args, inputs):
         vr = [r for r in rows if r["variant"] == v and r["ok"] is not None]
         passed = sum(1 for r in vr if r["ok"])
         s = {"cases": len(vr), "passed": passed, "median_agreement": med(r["agreement"] for r in vr),
-             "median_unknown": med(r["unknown"] for r in vr), "median_wrong": med(r["wrong"] for r in vr)}
+             "median_unknown": med(r["unknown"] for r in vr), "median_wrong": med(r["wrong"] for r in vr),
+             # A wrong name misleads where an unknown only says less: counted apart from the pass.
+             "over_wrong": sum(1 for r in vr if r["wrong"] is not None and r["wrong"] > PASS_WRONG)}
         summary[v] = s
         tag = " (not counted)" if v in REPORTED_ONLY else ""
         print(f"{v}{tag}: {s['cases']} cases, {passed} passed, median agreement {pct(s['median_agreement'])}, "
-              f"median unknown {pct(s['median_unknown'])}, median wrong {pct(s['median_wrong'])}")
+              f"median unknown {pct(s['median_unknown'])}, median wrong {pct(s['median_wrong'])}, "
+              f"over {pct(PASS_WRONG)} wrong {s['over_wrong']}")
     counted = [r for r in rows if r["counted"] and r["ok"] is not None]
     n_pass = sum(1 for r in counted if r["ok"])
     n_fail = len(counted) - n_pass
