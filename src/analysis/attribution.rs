@@ -616,6 +616,14 @@ fn size_evidence(
                     held.insert(e.addr, (e.size, c));
                 }
             }
+            // The request that ran out is an allocation the program tried: its stack says what the program
+            // makes of its size (where a trace holds nothing but frees and the OOM, all it says of the program).
+            Action::Oom if e.stack != EMPTY_STACK => {
+                let c = cats.of(e.stack);
+                if !ROLES.contains(&c) {
+                    *other.entry(e.size).or_default().entry(c).or_default() += 1;
+                }
+            }
             Action::FreeRequested if !seen_alloc.contains(&e.addr) => {
                 let ev = by_size.entry(e.size).or_default();
                 if ev.freed_from_before == 0 {
@@ -775,6 +783,13 @@ fn like_the_trace(
     evidence: &FxHashMap<u64, SizeEvidence>,
     events: usize,
 ) -> Vec<(u64, u64)> {
+    // What the trace's own allocations are, by their stacks, most often (a size's vote each), other than a
+    // parameter's kind: a model's activations, or, in a program that runs none, its own tensors.
+    let mut votes: FxHashMap<&'static str, u32> = FxHashMap::default();
+    for c in evidence.values().filter_map(|ev| ev.most_other).filter(|c| *c != "unknown") {
+        *votes.entry(c).or_default() += 1;
+    }
+    let transient_kind = most_common(&votes).map_or("activation", |(c, _)| c);
     let mut known_kind: FxHashSet<u64> = FxHashSet::default();
     for (_, addr, b) in state.allocated_blocks() {
         let a = out.of(addr);
@@ -817,7 +832,10 @@ fn like_the_trace(
         let after = events.saturating_sub(ev.last_freed_from_before + 1);
         let still_freeing = ev.freed_from_before >= 2 && after <= span;
         if ev.parameter_kind == 0 && ev.kept_unnamed == 0 && still_freeing {
-            let category = ev.most_other.filter(|c| *c != "unknown").unwrap_or("activation");
+            // Where the trace allocates no block of its size, being let go of says it was transient, and the
+            // trace's other allocations what the program's transient tensors are: a model's activations (the
+            // forward's saved tensors a backward consumes), or, in a script that runs no model, its own.
+            let category = ev.most_other.filter(|c| *c != "unknown").unwrap_or(transient_kind);
             let a = Attributed { category, source: Some(Source::Inferred), reason: Some(Reason::FreedLikeIt) };
             out.blocks.insert(addr, a);
             continue;

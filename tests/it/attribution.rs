@@ -395,3 +395,14 @@ fn a_trace_with_no_frame_reads_an_optimizers_copies_from_the_counts_kept_from_be
     assert!(mib(&cats, "parameter").abs_diff(13132) < 100, "{cats:?}");
     assert!(mib(&cats, "gradient") < 100, "{cats:?}");
 }
+
+#[test]
+fn blocks_a_script_was_letting_go_of_are_its_own_where_its_request_that_ran_out_is() {
+    // The last quarter of the fragmentation capture: the script frees every second 100 MiB tensor it made before
+    // the cut, then asks for 400 MiB at its own line and runs out. Nothing in the trace is allocated; the request
+    // that failed is the script's own tensor, and so are the 15 blocks it kept (1,500 MiB of user tensors in the
+    // full file), not a model's activations (100% wrong before).
+    let cats = degraded("fragmentation-late0.75.pickle.xz");
+    assert_eq!(mib(&cats, "user_tensor"), 1500, "{cats:?}");
+    assert_eq!(mib(&cats, "activation"), 0, "{cats:?}");
+}
