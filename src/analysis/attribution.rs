@@ -66,6 +66,8 @@ pub enum Reason {
     GrownAlone,
     /// A trace with no frame: made before the loop's passes, or by the first of them only, and kept.
     BuiltBeforeTheLoop,
+    /// A trace with no frame, of a job whose optimizer keeps copies: made by a later step and kept, a weight's size.
+    KeptByALaterStep,
     /// A trace with no frame: made by a pass of the loop and let go of (within it or passes later), or by the pass
     /// that was running.
     MadeByAPass,
@@ -108,6 +110,10 @@ impl Reason {
             Reason::BuiltBeforeTheLoop => {
                 "no stack recorded; made before the loop's passes (or once, by the first) and kept: built with the \
                  model"
+            }
+            Reason::KeptByALaterStep => {
+                "no stack recorded; made by a later step and kept, a weight's size, where the optimizer keeps \
+                 copies: that step's gradients"
             }
             Reason::MadeByAPass => {
                 "no stack recorded; made by a pass of the loop and let go of, or by the pass that ran out: its \
@@ -386,6 +392,8 @@ fn attribute_with(
     let mut engine_checked: FxHashMap<StackId, bool> = FxHashMap::default();
     // In a trace with no frame, the blocks it made before the loop's passes and kept: read as those from before it.
     let mut built_first: Vec<(u64, u64)> = Vec::new();
+    // In a trace with no frame, what a later pass made and kept, which its role leaves unsaid.
+    let mut unsaid: Vec<(u64, u64)> = Vec::new();
     for (_, addr, b) in state.allocated_blocks() {
         let size = caller_size(b);
         let l = labels.get(&addr).copied().unwrap_or_default();
@@ -421,7 +429,7 @@ fn attribute_with(
                     continue;
                 }
                 match trace.role(tl, dev, i, state) {
-                    None => {}
+                    None => unsaid.push((addr, size)),
                     Some(super::lifetimes::Role::BuiltFirst) => built_first.push((addr, size)),
                     Some(role) => {
                         if let Some((category, reason)) = of_role(role) {
@@ -510,7 +518,34 @@ fn attribute_with(
             }
         }
     }
+    gradients_kept_by_a_later_step(&mut out, &before_recording, unsaid);
     (out, roles)
+}
+
+/// In a trace with no frame whose blocks kept from before it show an optimizer's copies (the job trains), what a
+/// later step made and kept with a weight's size is that step's gradients, kept until the next `zero_grad`: at most
+/// one per parameter of its size.
+fn gradients_kept_by_a_later_step(out: &mut Attribution, kept: &[(u64, u64)], unsaid: Vec<(u64, u64)>) {
+    if unsaid.is_empty() || !kept.iter().any(|&(a, _)| out.of(a).category == "optimizer_state") {
+        return;
+    }
+    let mut parameters: FxHashMap<u64, u32> = FxHashMap::default();
+    for &(addr, size) in kept {
+        if out.of(addr).category == "parameter" {
+            *parameters.entry(size).or_default() += 1;
+        }
+    }
+    for (addr, size) in unsaid {
+        if let Some(n) = parameters.get_mut(&size).filter(|n| **n > 0) {
+            *n -= 1;
+            let a = Attributed {
+                category: "gradient",
+                source: Some(Source::Inferred),
+                reason: Some(Reason::KeptByALaterStep),
+            };
+            out.blocks.insert(addr, a);
+        }
+    }
 }
 
 /// The category and reason a frameless allocation's role in the loop gives it; `None` for what was built first,

@@ -344,6 +344,7 @@ fn live_allocations(
             Some(Reason::GrownSideBySide | Reason::GrownAlone) => &mut no_stack.grown,
             Some(
                 Reason::BuiltBeforeTheLoop
+                | Reason::KeptByALaterStep
                 | Reason::MadeByAPass
                 | Reason::KeptWithItsPass
                 | Reason::PassOutputKept
