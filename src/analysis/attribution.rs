@@ -526,14 +526,20 @@ fn attribute_with(
 /// later step made and kept with a weight's size is that step's gradients, kept until the next `zero_grad`: at most
 /// one per parameter of its size.
 fn gradients_kept_by_a_later_step(out: &mut Attribution, kept: &[(u64, u64)], unsaid: Vec<(u64, u64)>) {
-    if unsaid.is_empty() || !kept.iter().any(|&(a, _)| out.of(a).category == "optimizer_state") {
+    if unsaid.is_empty() {
         return;
     }
     let mut parameters: FxHashMap<u64, u32> = FxHashMap::default();
+    let mut copies = false;
     for &(addr, size) in kept {
-        if out.of(addr).category == "parameter" {
-            *parameters.entry(size).or_default() += 1;
+        match out.of(addr).category {
+            "parameter" => *parameters.entry(size).or_default() += 1,
+            "optimizer_state" => copies = true,
+            _ => {}
         }
+    }
+    if !copies {
+        return;
     }
     for (addr, size) in unsaid {
         if let Some(n) = parameters.get_mut(&size).filter(|n| **n > 0) {
@@ -1079,16 +1085,11 @@ fn copies_from_counts(by_size: &FxHashMap<u64, Vec<u64>>) -> u64 {
         return 1;
     }
     let g = counts.iter().fold(0, |g, &c| gcd(g, c));
-    let Some(k) = [4, 3].into_iter().find(|&k| g.is_multiple_of(k)) else {
-        return 1;
+    let leaves_layers = |k: u64| {
+        let repeated: Vec<u64> = counts.iter().map(|c| c / k).filter(|&n| n >= 2).collect();
+        repeated.len() >= 2 && repeated.iter().fold(0, |g, &c| gcd(g, c)) >= 2
     };
-    let repeated: Vec<u64> = counts.iter().map(|c| c / k).filter(|&n| n >= 2).collect();
-    let layers = repeated.iter().fold(0, |g, &c| gcd(g, c));
-    if repeated.len() >= 2 && layers >= 2 {
-        k
-    } else {
-        1
-    }
+    [4, 3].into_iter().find(|&k| g.is_multiple_of(k) && leaves_layers(k)).unwrap_or(1)
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
