@@ -1068,6 +1068,132 @@ fn undo(dev: &DeviceTimeline, rules: &Rules) -> (State, Vec<Anomaly>) {
     (st, anomalies)
 }
 
+/// The state before the first event, rebuilt from the file's final state by undoing at each address only what the
+/// trace did there in sum: a block the trace allocated and the file still holds is let go of, a segment the trace
+/// made is removed and one it released put back, and a block the trace freed without having allocated it is cut out
+/// of the free space its frees show, the latest first, as the undo would meet them. One pass over the events (to find
+/// each address's first event) where the undo makes a million changes to the state; `None` where it cannot say
+/// (mapped ranges of expandable segments, or a change the state refuses), and what it returns is a guess until a
+/// forward pass from it meets no anomaly and ends at the file's state.
+fn start_by_first_events(dev: &DeviceTimeline, rules: &Rules) -> Option<State> {
+    const NONE: u32 = u32::MAX;
+    struct First {
+        event: u32,
+        completed: u32,
+        allocated: bool,
+    }
+    let mut blocks: FxHashMap<u64, First> = FxHashMap::default();
+    let mut segments: FxHashMap<u64, u32> = FxHashMap::default();
+    for (i, e) in dev.events.iter().enumerate() {
+        let i = i as u32;
+        match e.action {
+            Action::Alloc | Action::FreeRequested | Action::FreeCompleted => {
+                let f = blocks.entry(e.addr).or_insert(First { event: i, completed: NONE, allocated: false });
+                match e.action {
+                    Action::Alloc => f.allocated = true,
+                    Action::FreeCompleted if f.completed == NONE && !f.allocated => f.completed = i,
+                    _ => {}
+                }
+            }
+            Action::SegmentAlloc | Action::SegmentFree => {
+                segments.entry(e.addr).or_insert(i);
+            }
+            Action::SegmentMap | Action::SegmentUnmap => return None,
+            _ => {}
+        }
+    }
+    let mut st = State::from_segments(&dev.segments);
+    st.undoing(true);
+    // What the trace allocated and the file holds: free at the start.
+    for (&addr, f) in &blocks {
+        if !f.allocated {
+            continue;
+        }
+        let Some(b) = st.blocks.get_mut(&addr) else { continue };
+        let (state, size) = (b.state, b.size);
+        if state == BlockState::Inactive {
+            continue;
+        }
+        b.state = BlockState::Inactive;
+        b.stack = EMPTY_STACK;
+        b.alloc_event = None;
+        let (prev, next) = (b.prev.get(), b.next.get());
+        st.count(state, -(size as i128));
+        st.merge_neighbours(addr, prev, next);
+    }
+    for (&addr, &i) in &segments {
+        let e = &dev.events[i as usize];
+        if st.segments.contains_key(&addr) {
+            st.remove_segment(addr).ok()?;
+        }
+        if e.action == Action::SegmentFree {
+            let attrs = dev.event_attrs.get(e);
+            st.add_segment(addr, e.size, attrs.stream, attrs.pool_id(), false).ok()?;
+        }
+    }
+    // Blocks from before the trace that it frees: cut out as the undo would, the latest free first.
+    let mut carved: Vec<(u32, u32, u64)> = blocks
+        .iter()
+        .filter(|(_, f)| dev.events[f.event as usize].action != Action::Alloc)
+        .map(|(&addr, f)| (f.completed, f.event, addr))
+        .collect();
+    carved.sort_unstable_by(|a, b| b.cmp(a));
+    for (completed, first, addr) in carved {
+        if completed != NONE {
+            st.carve(&dev.events[completed as usize], rules).ok()?;
+        }
+        if dev.events[first as usize].action == Action::FreeRequested {
+            let b = st.blocks.get_mut(&addr)?;
+            if b.state != BlockState::ActivePendingFree {
+                return None;
+            }
+            b.state = BlockState::ActiveAllocated;
+            let size = b.size;
+            st.allocated += size;
+        }
+    }
+    st.undoing(false);
+    Some(st)
+}
+
+/// The forward pass from the start [`start_by_first_events`] finds, where it replays every event and ends at the
+/// file's state; else `None`. On every real trace that must be rebuilt, where it does, that start is the one the
+/// whole undo finds (`tests/it/replay_undo.rs`). A trace that replays whole from an empty device never gets here
+/// (its first-event start is the empty device, which the pass from empty already refused).
+fn from_first_events(dev: &DeviceTimeline, rules: &Rules) -> Option<Pass> {
+    let start = start_by_first_events(dev, rules)?;
+    let mut pass = Pass::new(start, dev.events.len(), sampled_events(dev));
+    let whole = pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, true);
+    (whole && pass.end.diff(&dev.segments).is_none()).then(|| pass.finish())
+}
+
+/// The pass from the start before the trace: the one its first events give where it holds, else the whole undo's.
+fn from_rebuilt_start(dev: &DeviceTimeline, rules: &Rules) -> Pass {
+    from_first_events(dev, rules).unwrap_or_else(|| {
+        let (start, undone) = undo(dev, rules);
+        forward_from(dev, start, undone, rules)
+    })
+}
+
+/// For the tests: the start [`start_by_first_events`] finds against the one the whole undo finds, as
+/// `(agree, accepted)`: whether the two states are the same, and whether the forward pass from the first met no
+/// anomaly and ended at the file's state (`None`: no trace, or one that replays from an empty device).
+#[doc(hidden)]
+pub fn start_by_first_events_agrees(
+    dev: &DeviceTimeline,
+    settings: Option<&AllocatorSettings>,
+) -> Option<(bool, bool)> {
+    let rules = Rules::new(settings, dev);
+    if dev.events.is_empty() || forward_from_empty(dev, &rules).is_some() {
+        return None;
+    }
+    let (undone, anomalies) = undo(dev, &rules);
+    let Some(start) = start_by_first_events(dev, &rules) else { return Some((false, false)) };
+    let same = anomalies.is_empty() && state_seen(&undone) == state_seen(&start);
+    let pass = forward(dev, start, &rules);
+    Some((same, pass.anomalies.is_empty() && pass.end.diff(&dev.segments).is_none()))
+}
+
 /// The forward pass from the state [`undo`] rebuilt, with the undo's anomalies first.
 fn forward_from(dev: &DeviceTimeline, start: State, undone: Vec<Anomaly>, rules: &Rules) -> Pass {
     let mut pass = forward(dev, start, rules);
@@ -1144,32 +1270,27 @@ impl<'t> Replay<'t> {
                     if completeness.complete() {
                         return Replay::of(dev, rules, completeness, pass, Some(mismatch));
                     }
-                    let (start, undone) = undo(dev, &rules);
-                    (forward_from(dev, start, undone, &rules), completeness)
+                    (from_rebuilt_start(dev, &rules), completeness)
                 }
             },
-            // Mostly a trace that starts mid-way (its ring buffer wrapped): its start is rebuilt by undoing it from
-            // the file's final state, while another core counts what it lacks, which decides between the two.
+            // Mostly a trace that starts mid-way (its ring buffer wrapped): its start is rebuilt from the file's final
+            // state, while the thread beside this one may count what the trace lacks, which decides between the two.
             None => {
-                let rules = &rules;
-                let (start, undone, completeness) = match count {
-                    Some(c) => {
-                        c.wanted.store(true, Ordering::Relaxed);
-                        let (start, undone) = undo(dev, rules);
-                        (start, undone, counted())
-                    }
-                    None => std::thread::scope(|s| {
-                        let counting = crate::threads::beside(s, || self::completeness(dev));
-                        let (start, undone) = undo(dev, rules);
-                        (start, undone, counting())
-                    }),
-                };
-                if completeness.complete() {
-                    // A whole history with events the allocator could not have done: replay it all from empty,
-                    // anomalies and all.
-                    (forward(dev, State::default(), rules), completeness)
+                if let Some(c) = count {
+                    c.wanted.store(true, Ordering::Relaxed);
+                }
+                if let Some(pass) = from_first_events(dev, &rules) {
+                    (pass, counted())
                 } else {
-                    (forward_from(dev, start, undone, rules), completeness)
+                    let (start, undone) = undo(dev, &rules);
+                    let completeness = counted();
+                    if completeness.complete() {
+                        // A whole history with events the allocator could not have done: replay it all from empty,
+                        // anomalies and all.
+                        (forward(dev, State::default(), &rules), completeness)
+                    } else {
+                        (forward_from(dev, start, undone, &rules), completeness)
+                    }
                 }
             }
         };
