@@ -5,7 +5,7 @@
 use rustc_hash::FxHashMap;
 
 use super::*;
-use crate::timeline::replay::{Replay, SharedCount, State};
+use crate::timeline::replay::{Replay, State};
 use crate::timeline::stacks::{StackId, EMPTY_STACK};
 use crate::timeline::{Action, BlockState, DeviceTimeline, PoolKind, Timeline};
 use crate::units::{bytes, duration_us};
@@ -17,16 +17,13 @@ pub(super) fn analyze_device<'t>(
     cats: &categories::Categorizer,
 ) -> Result<(DeviceReport, Replay<'t>), AnalysisError> {
     // The replay and the event-only facts are the two long passes over the trace and need nothing of each other:
-    // run them on two cores. A wrapped trace's replay is the longer (an undo, then a forward pass): this thread
-    // also counts what the trace lacks, which that replay needs after its undo.
+    // run them on two cores.
     let mut cache = categories::CategoryCache::new(cats, tl);
-    let count = SharedCount::default();
     // At an OOM whose remedies will be tried, their workload is read on this thread too, which mostly waits for the
     // replay (on a 1M-entry trace the replay takes about 50 ms, the event facts 25-35, the workload's read 15-30).
     let (replay, event_facts, prepared) = std::thread::scope(|s| {
-        let replay = beside(s, || Replay::counted(dev, tl.settings.as_ref(), Some(&count)));
+        let replay = beside(s, || Replay::new(dev, tl.settings.as_ref()));
         let event_facts = facts::event_facts(tl, dev, &mut cache);
-        count.take_if_wanted(dev);
         let prepared = super::whatif::Prepared::wanted(tl, dev, opts)
             .then(|| super::whatif::Prepared::new(tl, dev, &mut cache))
             .flatten();

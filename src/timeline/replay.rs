@@ -3,15 +3,14 @@
 //! The trace gives the caller's *unrounded* sizes; block sizes come from the allocator's own rules (round to 512
 //! bytes, split a free block only when the remainder is worth keeping, merge free neighbours), so the replay
 //! applies the same rules. When the trace is complete the replay starts from an empty device; when the ring
-//! buffer wrapped (or recording started late) it starts from the state obtained by undoing the trace backwards
-//! from the file's final segments, which are always complete. Either way the end of the replay is checked
-//! against the file's segments.
+//! buffer wrapped (or recording started late) it starts from a state rebuilt from the file's final segments, which
+//! are always complete: read off what the trace did first at each address where a pass from it replays every event
+//! and ends at the file's state, else by undoing the trace event by event. Either way the end of the replay is
+//! checked against the file's segments.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use super::stacks::{StackId, EMPTY_STACK};
 use super::{Action, AllocatorSettings, BlockState, DeviceTimeline, Event, EventAttrTable, PoolKind, Segment};
@@ -788,61 +787,89 @@ impl Completeness {
     }
 }
 
+/// What the trace lacks (see [`Completeness`]).
 pub fn completeness(dev: &DeviceTimeline) -> Completeness {
+    first_events(dev).completeness
+}
+
+/// What a trace did first at each address, found in one pass: each block address's first event (and its first
+/// `free_completed` before any allocation there), each segment's first event, whether ranges were mapped, and what
+/// the trace lacks, which the same lookups count.
+struct FirstEvents {
+    blocks: FxHashMap<u64, FirstAtBlock>,
+    /// A segment's first event, and whether the trace holds it at this point of the pass.
+    segments: FxHashMap<u64, (u32, bool)>,
+    mapped: bool,
+    completeness: Completeness,
+}
+
+struct FirstAtBlock {
+    event: u32,
+    /// The first `free_completed` before any allocation at the address ([`NO_EVENT`] if none).
+    completed: u32,
+    allocated: bool,
+    /// Allocated by the trace and not yet freed, at this point of the pass.
+    live: bool,
+}
+
+const NO_EVENT: u32 = u32::MAX;
+
+fn first_events(dev: &DeviceTimeline) -> FirstEvents {
     let mut c = Completeness::default();
-    let mut live: FxHashSet<u64> = FxHashSet::default();
-    let mut segs: FxHashSet<u64> = FxHashSet::default();
+    let mut blocks: FxHashMap<u64, FirstAtBlock> = FxHashMap::default();
+    let mut segments: FxHashMap<u64, (u32, bool)> = FxHashMap::default();
     let mut mapped = false;
-    for e in &dev.events {
+    for (i, e) in dev.events.iter().enumerate() {
+        let i = i as u32;
         match e.action {
-            Action::Alloc => {
-                live.insert(e.addr);
+            Action::Alloc | Action::FreeRequested | Action::FreeCompleted => {
+                let f = blocks.entry(e.addr).or_insert(FirstAtBlock {
+                    event: i,
+                    completed: NO_EVENT,
+                    allocated: false,
+                    live: false,
+                });
+                match e.action {
+                    Action::Alloc => (f.allocated, f.live) = (true, true),
+                    Action::FreeRequested if !f.live => c.frees_without_alloc += 1,
+                    Action::FreeCompleted => {
+                        if f.completed == NO_EVENT && !f.allocated {
+                            f.completed = i;
+                        }
+                        if !f.live {
+                            c.frees_without_alloc += 1;
+                        }
+                        f.live = false;
+                    }
+                    _ => {}
+                }
             }
-            Action::FreeRequested if !live.contains(&e.addr) => c.frees_without_alloc += 1,
-            Action::FreeCompleted if !live.remove(&e.addr) => c.frees_without_alloc += 1,
-            Action::SegmentAlloc => {
-                segs.insert(e.addr);
+            Action::SegmentAlloc | Action::SegmentFree => {
+                let s = segments.entry(e.addr).or_insert((i, false));
+                if e.action == Action::SegmentAlloc {
+                    s.1 = true;
+                } else if !s.1 {
+                    c.segments_without_alloc += 1;
+                } else {
+                    s.1 = false;
+                }
             }
-            Action::SegmentFree if !segs.remove(&e.addr) => c.segments_without_alloc += 1,
             Action::SegmentMap | Action::SegmentUnmap => mapped = true,
             _ => {}
         }
     }
     for s in &dev.segments {
         // Mapped ranges split and join, so their starts need not match a segment event.
-        if !(segs.contains(&s.address) || s.expandable && mapped) {
+        if !(segments.get(&s.address).is_some_and(|s| s.1) || s.expandable && mapped) {
             c.segments_without_alloc += 1;
         }
         for b in &s.blocks {
-            if b.state != BlockState::Inactive && !live.contains(&b.address) {
+            if b.state != BlockState::Inactive && !blocks.get(&b.address).is_some_and(|f| f.live) {
                 c.live_without_alloc += 1;
             }
         }
     }
-    c
-}
-
-/// A trace's completeness count, taken by whichever of two threads comes to it first: the replay, which needs it
-/// only when the trace does not replay from an empty device (mostly a wrapped one, which it says at once), or the
-/// thread beside it, once its own work is done and if the replay has said it will need the count.
-#[derive(Debug, Default)]
-pub struct SharedCount {
-    wanted: AtomicBool,
-    count: OnceLock<Completeness>,
-}
-
-impl SharedCount {
-    /// Takes the count if the replay has said it needs it.
-    pub fn take_if_wanted(&self, dev: &DeviceTimeline) {
-        if self.wanted.load(Ordering::Relaxed) {
-            self.count.get_or_init(|| completeness(dev));
-        }
-    }
-
-    fn take(&self, dev: &DeviceTimeline) -> Completeness {
-        self.wanted.store(true, Ordering::Relaxed);
-        self.count.get_or_init(|| completeness(dev)).clone()
-    }
+    FirstEvents { blocks, segments, mapped, completeness: c }
 }
 
 /// Checkpoint spacing: `state_at` replays at most this many events from a stored state.
@@ -972,11 +999,19 @@ struct Pass {
 }
 
 impl Pass {
-    /// A pass about to replay `len` events from `start`, sampling free memory among the first `sampled`.
-    fn new(start: State, len: usize, sampled: usize) -> Pass {
-        let allocated_series = Vec::with_capacity(len);
-        crate::huge_pages::advise(&allocated_series);
-        crate::huge_pages::populate_soon(&allocated_series, len * 8);
+    /// A pass about to replay `len` events from `start`, sampling free memory among the first `sampled`, its series
+    /// written into `spare` where that has room: a pass that replaces one given up on takes over its buffer, whose
+    /// pages are already backed (8 MB for a million events).
+    fn reusing(start: State, len: usize, sampled: usize, mut spare: Vec<u64>) -> Pass {
+        spare.clear();
+        let allocated_series = if spare.capacity() >= len {
+            spare
+        } else {
+            let v = Vec::with_capacity(len);
+            crate::huge_pages::advise(&v);
+            crate::huge_pages::populate_soon(&v, len * 8);
+            v
+        };
         Pass {
             checkpoints: Vec::with_capacity(len / CHECKPOINT_EVERY + 1),
             anomalies: Vec::new(),
@@ -1031,6 +1066,13 @@ impl Pass {
         true
     }
 
+    /// The series' buffer, emptied, for another pass.
+    fn into_buffer(self) -> Vec<u64> {
+        let mut v = self.allocated_series;
+        v.clear();
+        v
+    }
+
     fn finish(mut self) -> Pass {
         if self.checkpoints.is_empty() {
             self.checkpoints.push(self.end.clone());
@@ -1039,17 +1081,22 @@ impl Pass {
     }
 }
 
-fn forward(dev: &DeviceTimeline, start: State, rules: &Rules) -> Pass {
-    let mut pass = Pass::new(start, dev.events.len(), sampled_events(dev));
+/// The pass from `start`, its series written into `spare` where that has room.
+fn forward(dev: &DeviceTimeline, start: State, rules: &Rules, spare: Vec<u64>) -> Pass {
+    let mut pass = Pass::reusing(start, dev.events.len(), sampled_events(dev), spare);
     pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, false);
     pass.finish()
 }
 
-/// The pass from an empty device, or `None` at its first anomaly: a trace whose ring buffer wrapped (the usual
-/// case for a long run) meets one within its first events, and the pass would be thrown away.
-fn forward_from_empty(dev: &DeviceTimeline, rules: &Rules) -> Option<Pass> {
-    let mut pass = Pass::new(State::default(), dev.events.len(), sampled_events(dev));
-    pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, true).then(|| pass.finish())
+/// The pass from an empty device, or at its first anomaly the buffer of its series, for the pass that replaces it:
+/// a trace whose ring buffer wrapped (the usual case for a long run) meets one within its first events.
+fn forward_from_empty(dev: &DeviceTimeline, rules: &Rules) -> Result<Pass, Vec<u64>> {
+    let mut pass = Pass::reusing(State::default(), dev.events.len(), sampled_events(dev), Vec::new());
+    if pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, true) {
+        Ok(pass.finish())
+    } else {
+        Err(pass.into_buffer())
+    }
 }
 
 /// The state before the first event, rebuilt by undoing the trace from the file's final state, and the events that
@@ -1072,40 +1119,18 @@ fn undo(dev: &DeviceTimeline, rules: &Rules) -> (State, Vec<Anomaly>) {
 /// trace did there in sum: a block the trace allocated and the file still holds is let go of, a segment the trace
 /// made is removed and one it released put back, and a block the trace freed without having allocated it is cut out
 /// of the free space its frees show, the latest first, as the undo would meet them. One pass over the events (to find
-/// each address's first event) where the undo makes a million changes to the state; `None` where it cannot say
-/// (mapped ranges of expandable segments, or a change the state refuses), and what it returns is a guess until a
-/// forward pass from it meets no anomaly and ends at the file's state.
-fn start_by_first_events(dev: &DeviceTimeline, rules: &Rules) -> Option<State> {
-    const NONE: u32 = u32::MAX;
-    struct First {
-        event: u32,
-        completed: u32,
-        allocated: bool,
+/// each address's first event, [`first_events`]) where the undo makes a million changes to the state; `None` where
+/// it cannot say (mapped ranges of expandable segments, or a change the state refuses), and what it returns is a
+/// guess until a forward pass from it meets no anomaly and ends at the file's state.
+fn start_by_first_events(dev: &DeviceTimeline, rules: &Rules, first: &FirstEvents) -> Option<State> {
+    if first.mapped {
+        return None;
     }
-    let mut blocks: FxHashMap<u64, First> = FxHashMap::default();
-    let mut segments: FxHashMap<u64, u32> = FxHashMap::default();
-    for (i, e) in dev.events.iter().enumerate() {
-        let i = i as u32;
-        match e.action {
-            Action::Alloc | Action::FreeRequested | Action::FreeCompleted => {
-                let f = blocks.entry(e.addr).or_insert(First { event: i, completed: NONE, allocated: false });
-                match e.action {
-                    Action::Alloc => f.allocated = true,
-                    Action::FreeCompleted if f.completed == NONE && !f.allocated => f.completed = i,
-                    _ => {}
-                }
-            }
-            Action::SegmentAlloc | Action::SegmentFree => {
-                segments.entry(e.addr).or_insert(i);
-            }
-            Action::SegmentMap | Action::SegmentUnmap => return None,
-            _ => {}
-        }
-    }
+    let blocks = &first.blocks;
     let mut st = State::from_segments(&dev.segments);
     st.undoing(true);
     // What the trace allocated and the file holds: free at the start.
-    for (&addr, f) in &blocks {
+    for (&addr, f) in blocks {
         if !f.allocated {
             continue;
         }
@@ -1121,7 +1146,7 @@ fn start_by_first_events(dev: &DeviceTimeline, rules: &Rules) -> Option<State> {
         st.count(state, -(size as i128));
         st.merge_neighbours(addr, prev, next);
     }
-    for (&addr, &i) in &segments {
+    for (&addr, &(i, _)) in &first.segments {
         let e = &dev.events[i as usize];
         if st.segments.contains_key(&addr) {
             st.remove_segment(addr).ok()?;
@@ -1139,7 +1164,7 @@ fn start_by_first_events(dev: &DeviceTimeline, rules: &Rules) -> Option<State> {
         .collect();
     carved.sort_unstable_by(|a, b| b.cmp(a));
     for (completed, first, addr) in carved {
-        if completed != NONE {
+        if completed != NO_EVENT {
             st.carve(&dev.events[completed as usize], rules).ok()?;
         }
         if dev.events[first as usize].action == Action::FreeRequested {
@@ -1160,18 +1185,30 @@ fn start_by_first_events(dev: &DeviceTimeline, rules: &Rules) -> Option<State> {
 /// file's state; else `None`. On every real trace that must be rebuilt, where it does, that start is the one the
 /// whole undo finds (`tests/it/replay_undo.rs`). A trace that replays whole from an empty device never gets here
 /// (its first-event start is the empty device, which the pass from empty already refused).
-fn from_first_events(dev: &DeviceTimeline, rules: &Rules) -> Option<Pass> {
-    let start = start_by_first_events(dev, rules)?;
-    let mut pass = Pass::new(start, dev.events.len(), sampled_events(dev));
+fn from_first_events(
+    dev: &DeviceTimeline,
+    rules: &Rules,
+    first: &FirstEvents,
+    spare: Vec<u64>,
+) -> Result<Pass, Vec<u64>> {
+    let Some(start) = start_by_first_events(dev, rules, first) else { return Err(spare) };
+    let mut pass = Pass::reusing(start, dev.events.len(), sampled_events(dev), spare);
     let whole = pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, true);
-    (whole && pass.end.diff(&dev.segments).is_none()).then(|| pass.finish())
+    if whole && pass.end.diff(&dev.segments).is_none() {
+        Ok(pass.finish())
+    } else {
+        Err(pass.into_buffer())
+    }
 }
 
-/// The pass from the start before the trace: the one its first events give where it holds, else the whole undo's.
-fn from_rebuilt_start(dev: &DeviceTimeline, rules: &Rules) -> Pass {
-    from_first_events(dev, rules).unwrap_or_else(|| {
+/// The pass from the start before the trace: the one its first events give where it holds, else the whole undo's,
+/// with the undo's anomalies first.
+fn from_rebuilt_start(dev: &DeviceTimeline, rules: &Rules, first: &FirstEvents, spare: Vec<u64>) -> Pass {
+    from_first_events(dev, rules, first, spare).unwrap_or_else(|spare| {
         let (start, undone) = undo(dev, rules);
-        forward_from(dev, start, undone, rules)
+        let mut pass = forward(dev, start, rules, spare);
+        pass.anomalies.splice(0..0, undone);
+        pass
     })
 }
 
@@ -1184,21 +1221,14 @@ pub fn start_by_first_events_agrees(
     settings: Option<&AllocatorSettings>,
 ) -> Option<(bool, bool)> {
     let rules = Rules::new(settings, dev);
-    if dev.events.is_empty() || forward_from_empty(dev, &rules).is_some() {
+    if dev.events.is_empty() || forward_from_empty(dev, &rules).is_ok() {
         return None;
     }
     let (undone, anomalies) = undo(dev, &rules);
-    let Some(start) = start_by_first_events(dev, &rules) else { return Some((false, false)) };
+    let Some(start) = start_by_first_events(dev, &rules, &first_events(dev)) else { return Some((false, false)) };
     let same = anomalies.is_empty() && state_seen(&undone) == state_seen(&start);
-    let pass = forward(dev, start, &rules);
+    let pass = forward(dev, start, &rules, Vec::new());
     Some((same, pass.anomalies.is_empty() && pass.end.diff(&dev.segments).is_none()))
-}
-
-/// The forward pass from the state [`undo`] rebuilt, with the undo's anomalies first.
-fn forward_from(dev: &DeviceTimeline, start: State, undone: Vec<Anomaly>, rules: &Rules) -> Pass {
-    let mut pass = forward(dev, start, rules);
-    pass.anomalies.splice(0..0, undone);
-    pass
 }
 
 /// A state as the tests compare it: the layout, and what describes each block in use (free blocks' descriptions are
@@ -1246,52 +1276,33 @@ pub fn undo_with_index_agrees(dev: &DeviceTimeline, settings: Option<&AllocatorS
 
 impl<'t> Replay<'t> {
     pub fn new(dev: &'t DeviceTimeline, settings: Option<&AllocatorSettings>) -> Replay<'t> {
-        Replay::counted(dev, settings, None)
-    }
-
-    /// As [`Replay::new`], where another thread may take the trace's completeness count (see [`SharedCount`]): a
-    /// wrapped trace's replay then waits for it after its undo rather than count it beside the undo, on a core the
-    /// other thread is using.
-    pub fn counted(
-        dev: &'t DeviceTimeline,
-        settings: Option<&AllocatorSettings>,
-        count: Option<&SharedCount>,
-    ) -> Replay<'t> {
         let rules = Rules::new(settings, dev);
-        let counted = || count.map_or_else(|| self::completeness(dev), |c| c.take(dev));
         // Most traces with a history start from an empty device: try that first, it needs no extra pass.
         let (pass, completeness) = match forward_from_empty(dev, &rules) {
-            Some(pass) if dev.events.is_empty() => (pass, counted()),
+            Ok(pass) if dev.events.is_empty() => (pass, completeness(dev)),
             // Every event applied; if the end is not the file's, rebuild the start when the trace is not whole.
-            Some(pass) => match pass.end.diff(&dev.segments) {
+            Ok(pass) => match pass.end.diff(&dev.segments) {
                 None => return Replay::of(dev, rules, Completeness::default(), pass, None),
                 Some(mismatch) => {
-                    let completeness = counted();
-                    if completeness.complete() {
-                        return Replay::of(dev, rules, completeness, pass, Some(mismatch));
+                    let first = first_events(dev);
+                    if first.completeness.complete() {
+                        return Replay::of(dev, rules, first.completeness, pass, Some(mismatch));
                     }
-                    (from_rebuilt_start(dev, &rules), completeness)
+                    (from_rebuilt_start(dev, &rules, &first, pass.into_buffer()), first.completeness)
                 }
             },
-            // Mostly a trace that starts mid-way (its ring buffer wrapped): its start is rebuilt from the file's final
-            // state, while the thread beside this one may count what the trace lacks, which decides between the two.
-            None => {
-                if let Some(c) = count {
-                    c.wanted.store(true, Ordering::Relaxed);
-                }
-                if let Some(pass) = from_first_events(dev, &rules) {
-                    (pass, counted())
+            // Mostly a trace that starts mid-way (its ring buffer wrapped): its start is rebuilt from the file's
+            // final state.
+            Err(spare) => {
+                let first = first_events(dev);
+                let pass = if first.completeness.complete() {
+                    // A whole history with events the allocator could not have done: replay it all from empty,
+                    // anomalies and all.
+                    forward(dev, State::default(), &rules, spare)
                 } else {
-                    let (start, undone) = undo(dev, &rules);
-                    let completeness = counted();
-                    if completeness.complete() {
-                        // A whole history with events the allocator could not have done: replay it all from empty,
-                        // anomalies and all.
-                        (forward(dev, State::default(), &rules), completeness)
-                    } else {
-                        (forward_from(dev, start, undone, &rules), completeness)
-                    }
-                }
+                    from_rebuilt_start(dev, &rules, &first, spare)
+                };
+                (pass, first.completeness)
             }
         };
         let end_mismatch = if dev.events.is_empty() { None } else { pass.end.diff(&dev.segments) };
@@ -1518,25 +1529,27 @@ mod tests {
     }
 
     #[test]
-    fn the_completeness_count_is_taken_once_and_only_where_the_replay_needs_it() {
+    fn the_completeness_count_says_what_the_trace_lacks() {
         let a = 0x1000_0000;
         let wrapped = device_of(
             vec![ev(Action::FreeRequested, a, 4 << 20), ev(Action::FreeCompleted, a, 4 << 20)],
             vec![segment(a, vec![(a, 4 << 20, BlockState::Inactive)])],
         );
-        let count = SharedCount::default();
-        let r = Replay::counted(&wrapped, None, Some(&count));
-        assert_eq!(count.count.get(), Some(&completeness(&wrapped)));
-        assert_eq!(r.completeness, Replay::new(&wrapped, None).completeness);
-        assert_eq!(r.allocated_series, Replay::new(&wrapped, None).allocated_series);
-        let whole = device_of(
-            vec![ev(Action::SegmentAlloc, a, 20 << 20)],
-            vec![segment(a, vec![(a, 20 << 20, BlockState::Inactive)])],
+        let lacks = Completeness { frees_without_alloc: 2, live_without_alloc: 0, segments_without_alloc: 1 };
+        assert_eq!(completeness(&wrapped), lacks);
+        assert_eq!(Replay::new(&wrapped, None).completeness, lacks);
+        let late = device_of(
+            vec![ev(Action::Alloc, a + (4 << 20), 4 << 20)],
+            vec![segment(
+                a,
+                vec![(a, 4 << 20, BlockState::ActiveAllocated), (a + (4 << 20), 4 << 20, BlockState::ActiveAllocated)],
+            )],
         );
-        let count = SharedCount::default();
-        Replay::counted(&whole, None, Some(&count));
-        count.take_if_wanted(&whole);
-        assert_eq!(count.count.get(), None, "a trace replayed from empty needs no count");
+        let lacks = Completeness { frees_without_alloc: 0, live_without_alloc: 1, segments_without_alloc: 1 };
+        assert_eq!(completeness(&late), lacks);
+        let whole =
+            device_of(vec![ev(Action::SegmentAlloc, a, 20 << 20), ev(Action::SegmentFree, a, 20 << 20)], vec![]);
+        assert!(completeness(&whole).complete());
     }
 
     #[test]
