@@ -1146,11 +1146,15 @@ fn start_by_first_events(dev: &DeviceTimeline, rules: &Rules, first: &FirstEvent
         st.count(state, -(size as i128));
         st.merge_neighbours(addr, prev, next);
     }
-    for (&addr, &(i, _)) in &first.segments {
-        let e = &dev.events[i as usize];
+    // Segments: every one the trace touched leaves first, then those it released come back, so that one put back
+    // never meets one made later at an overlapping address, whatever order the map gives.
+    for &addr in first.segments.keys() {
         if st.segments.contains_key(&addr) {
             st.remove_segment(addr).ok()?;
         }
+    }
+    for (&addr, &(i, _)) in &first.segments {
+        let e = &dev.events[i as usize];
         if e.action == Action::SegmentFree {
             let attrs = dev.event_attrs.get(e);
             st.add_segment(addr, e.size, attrs.stream, attrs.pool_id(), false).ok()?;
@@ -1182,7 +1186,7 @@ fn start_by_first_events(dev: &DeviceTimeline, rules: &Rules, first: &FirstEvent
 }
 
 /// The forward pass from the start [`start_by_first_events`] finds, where it replays every event and ends at the
-/// file's state; else `None`. On every real trace that must be rebuilt, where it does, that start is the one the
+/// file's state; else the series' buffer back, for the undo's pass. On every real trace that must be rebuilt, where it does, that start is the one the
 /// whole undo finds (`tests/it/replay_undo.rs`). A trace that replays whole from an empty device never gets here
 /// (its first-event start is the empty device, which the pass from empty already refused).
 fn from_first_events(
