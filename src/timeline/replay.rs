@@ -505,11 +505,10 @@ impl State {
             return Err("free_completed (undone) of memory that is in use");
         }
         let end = start + free.size;
-        let kind = self.segments[&seg_addr].kind.unwrap_or(if e.size <= SMALL_SIZE {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        });
+        // A file's block need not start its segment's chain (nothing checks it on reading), and a start rebuilt
+        // from first events removes segments before it carves: the segment may be gone.
+        let seg = self.segments.get(&seg_addr).ok_or("free_completed (undone) in a segment that is gone")?;
+        let kind = seg.kind.unwrap_or(if e.size <= SMALL_SIZE { PoolKind::Small } else { PoolKind::Large });
         let mut size = rules.round(e.size).min(end - e.addr);
         if !rules.should_split(kind, size, end - e.addr - size) {
             size = end - e.addr;
@@ -1218,18 +1217,21 @@ fn from_rebuilt_start(dev: &DeviceTimeline, rules: &Rules, first: &FirstEvents, 
 
 /// For the tests: the start [`start_by_first_events`] finds against the one the whole undo finds, as
 /// `(agree, accepted)`: whether the two states are the same, and whether the forward pass from the first met no
-/// anomaly and ended at the file's state (`None`: no trace, or one that replays from an empty device).
+/// anomaly and ended at the file's state (`None`: a trace whose replay rebuilds no start).
 #[doc(hidden)]
 pub fn start_by_first_events_agrees(
     dev: &DeviceTimeline,
     settings: Option<&AllocatorSettings>,
 ) -> Option<(bool, bool)> {
     let rules = Rules::new(settings, dev);
-    if dev.events.is_empty() || forward_from_empty(dev, &rules).is_ok() {
+    let first = first_events(dev);
+    // Where `Replay::new` rebuilds a start: the pass from empty fails or ends elsewhere, and the trace is not whole.
+    let ends_right = |p: Pass| p.end.diff(&dev.segments).is_none();
+    if dev.events.is_empty() || forward_from_empty(dev, &rules).is_ok_and(ends_right) || first.completeness.complete() {
         return None;
     }
     let (undone, anomalies) = undo(dev, &rules);
-    let Some(start) = start_by_first_events(dev, &rules, &first_events(dev)) else { return Some((false, false)) };
+    let Some(start) = start_by_first_events(dev, &rules, &first) else { return Some((false, false)) };
     let same = anomalies.is_empty() && state_seen(&undone) == state_seen(&start);
     let pass = forward(dev, start, &rules, Vec::new());
     Some((same, pass.anomalies.is_empty() && pass.end.diff(&dev.segments).is_none()))
@@ -1481,6 +1483,54 @@ mod tests {
             declared_allocated: None,
             declared_active: None,
         }
+    }
+
+    #[test]
+    fn a_start_from_first_events_is_taken_where_it_explains_every_event_and_the_undo_would_not() {
+        // The undo carves the block freed at the end out of the 4.5 MiB free then (the trace's own blocks still
+        // held): 0.5 MiB is not worth splitting off, the block takes it, and the events before meet a block too
+        // large. The start read off first events sees the whole 20 MiB free, splits, and every event applies.
+        let (b, mib) = (0x1000_0000u64, 1u64 << 20);
+        let half = mib / 2;
+        let dev = device_of(
+            vec![
+                ev(Action::Alloc, b + 4 * mib, half),
+                ev(Action::Alloc, b + 4 * mib + half, 15 * mib + half),
+                ev(Action::FreeRequested, b + 4 * mib, half),
+                ev(Action::FreeCompleted, b + 4 * mib, half),
+                ev(Action::FreeRequested, b, 4 * mib),
+                ev(Action::FreeCompleted, b, 4 * mib),
+            ],
+            vec![segment(
+                b,
+                vec![
+                    (b, 4 * mib + half, BlockState::Inactive),
+                    (b + 4 * mib + half, 15 * mib + half, BlockState::ActiveAllocated),
+                ],
+            )],
+        );
+        let r = Replay::new(&dev, None);
+        assert!(r.anomalies.is_empty(), "{:?}", r.anomalies);
+        assert_eq!(r.end_mismatch, None);
+        assert_eq!(
+            r.allocated_series,
+            vec![4 * mib + half, 20 * mib, 19 * mib + half, 19 * mib + half, 15 * mib + half, 15 * mib + half]
+        );
+        assert_eq!(r.peak_allocated, (20 * mib, Some(1)));
+    }
+
+    #[test]
+    fn a_block_that_does_not_start_its_segment_is_an_anomaly_not_a_panic() {
+        // Nothing checks on reading that a segment's first block starts at its address; the start rebuilt from first
+        // events removes the segment the trace made before carving the block it frees, which is then in no segment.
+        let g = 0x2000_0000u64;
+        let dev = device_of(
+            vec![ev(Action::SegmentAlloc, g, 20 << 20), ev(Action::FreeCompleted, g + (2 << 20), 4 << 20)],
+            vec![segment(g, vec![(g + (2 << 20), 18 << 20, BlockState::Inactive)])],
+        );
+        let r = Replay::new(&dev, None);
+        assert!(!r.complete());
+        assert!(!r.anomalies.is_empty() || r.end_mismatch.is_some());
     }
 
     // The three ways a replay finds its starting state: the first pass from an empty device stops at its first
