@@ -410,20 +410,7 @@ impl State {
     /// Undoes one event, going backward in time.
     pub fn unapply(&mut self, e: &Event, rules: &Rules, attrs: &EventAttrTable) -> Result<(), &'static str> {
         match e.action {
-            Action::Alloc => {
-                let b = self.blocks.get_mut(&e.addr).ok_or("alloc (undone) of an address holding no block")?;
-                let (state, size) = (b.state, b.size);
-                if state == BlockState::Inactive {
-                    return Err("alloc (undone) of a free block");
-                }
-                b.state = BlockState::Inactive;
-                b.stack = EMPTY_STACK;
-                b.alloc_event = None;
-                let (prev, next) = (b.prev.get(), b.next.get());
-                self.count(state, -(size as i128));
-                self.merge_neighbours(e.addr, prev, next);
-                Ok(())
-            }
+            Action::Alloc => self.unallocate(e.addr),
             Action::FreeRequested => {
                 let b = self.blocks.get_mut(&e.addr).ok_or("free_requested (undone) of an address holding no block")?;
                 if b.state != BlockState::ActivePendingFree {
@@ -441,6 +428,23 @@ impl State {
             Action::SegmentUnmap => self.map(e.addr, e.size, attrs.get(e).stream, attrs.get(e).pool_id()),
             Action::Snapshot | Action::Oom | Action::Annotate | Action::WorkspaceSnapshot | Action::Unknown => Ok(()),
         }
+    }
+
+    /// Makes the block in use at `addr` free again, as it was before its allocation, and merges it with free
+    /// neighbours.
+    fn unallocate(&mut self, addr: u64) -> Result<(), &'static str> {
+        let b = self.blocks.get_mut(&addr).ok_or("alloc (undone) of an address holding no block")?;
+        let (state, size) = (b.state, b.size);
+        if state == BlockState::Inactive {
+            return Err("alloc (undone) of a free block");
+        }
+        b.state = BlockState::Inactive;
+        b.stack = EMPTY_STACK;
+        b.alloc_event = None;
+        let (prev, next) = (b.prev.get(), b.next.get());
+        self.count(state, -(size as i128));
+        self.merge_neighbours(addr, prev, next);
+        Ok(())
     }
 
     /// Splits the block at `addr` so that it keeps `size` bytes; the rest becomes a new block after it, in the
@@ -1130,20 +1134,9 @@ fn start_by_first_events(dev: &DeviceTimeline, rules: &Rules, first: &FirstEvent
     st.undoing(true);
     // What the trace allocated and the file holds: free at the start.
     for (&addr, f) in blocks {
-        if !f.allocated {
-            continue;
+        if f.allocated && st.blocks.get(&addr).is_some_and(|b| b.state != BlockState::Inactive) {
+            st.unallocate(addr).ok()?;
         }
-        let Some(b) = st.blocks.get_mut(&addr) else { continue };
-        let (state, size) = (b.state, b.size);
-        if state == BlockState::Inactive {
-            continue;
-        }
-        b.state = BlockState::Inactive;
-        b.stack = EMPTY_STACK;
-        b.alloc_event = None;
-        let (prev, next) = (b.prev.get(), b.next.get());
-        st.count(state, -(size as i128));
-        st.merge_neighbours(addr, prev, next);
     }
     // Segments: every one the trace touched leaves first, then those it released come back, so that one put back
     // never meets one made later at an overlapping address, whatever order the map gives.
@@ -1166,18 +1159,13 @@ fn start_by_first_events(dev: &DeviceTimeline, rules: &Rules, first: &FirstEvent
         .map(|(&addr, f)| (f.completed, f.event, addr))
         .collect();
     carved.sort_unstable_by(|a, b| b.cmp(a));
-    for (completed, first, addr) in carved {
+    for (completed, first, _addr) in carved {
         if completed != NO_EVENT {
             st.carve(&dev.events[completed as usize], rules).ok()?;
         }
-        if dev.events[first as usize].action == Action::FreeRequested {
-            let b = st.blocks.get_mut(&addr)?;
-            if b.state != BlockState::ActivePendingFree {
-                return None;
-            }
-            b.state = BlockState::ActiveAllocated;
-            let size = b.size;
-            st.allocated += size;
+        let e = &dev.events[first as usize];
+        if e.action == Action::FreeRequested {
+            st.unapply(e, rules, &dev.event_attrs).ok()?;
         }
     }
     st.undoing(false);
