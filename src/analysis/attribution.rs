@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::categories::CategoryCache;
 use crate::timeline::replay::{LiveBlock, State};
 use crate::timeline::stacks::{StackId, StrId, EMPTY_STACK};
-use crate::timeline::{Action, DeviceTimeline, Timeline, NO_STR};
+use crate::timeline::{Action, BlockState, DeviceTimeline, Timeline, NO_STR};
 
 /// How a block's category was known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -300,6 +300,21 @@ impl TraceEvidence {
     /// With the loop's passes the caller found (from the whole trace, as [`super::iterations::find`] does).
     pub fn with_iterations(mut self, iterations: Option<&super::iterations::Iterations>) -> TraceEvidence {
         self.iterations = Some(iterations.cloned());
+        self
+    }
+
+    /// Reads now what the trace allocates of each size, where a moment is likely to need it: the trace records
+    /// stacks and the file holds blocks in use with none (allocated before recording began). The analysis calls
+    /// this beside the replay, on a core the replay leaves idle; read at the moment, it lengthens the report by a
+    /// pass over the trace. In a trace with no frame the reading needs the moment's state, and waits for it.
+    pub fn with_sizes_read_ahead(mut self, tl: &Timeline, dev: &DeviceTimeline, cats: &mut CategoryCache) -> Self {
+        let stackless_in_use = || {
+            let mut blocks = dev.segments.iter().flat_map(|s| &s.blocks);
+            blocks.any(|b| b.state == BlockState::ActiveAllocated && b.stack == EMPTY_STACK)
+        };
+        if self.stacks && !dev.events.is_empty() && stackless_in_use() {
+            self.by_size = Some(size_evidence(tl, dev, cats, None));
+        }
         self
     }
 

@@ -21,13 +21,16 @@ pub(super) fn analyze_device<'t>(
     let mut cache = categories::CategoryCache::new(cats, tl);
     // At an OOM whose remedies will be tried, their workload is read on this thread too, which mostly waits for the
     // replay (on a 1M-entry trace the replay takes about 50 ms, the event facts 25-35, the workload's read 15-30).
-    let (replay, event_facts, prepared) = std::thread::scope(|s| {
+    let (replay, event_facts, evidence, prepared) = std::thread::scope(|s| {
         let replay = beside(s, || Replay::new(dev, tl.settings.as_ref()));
         let event_facts = facts::event_facts(tl, dev, &mut cache);
+        let evidence = attribution::TraceEvidence::of(dev)
+            .with_iterations(event_facts.iterations.as_ref())
+            .with_sizes_read_ahead(tl, dev, &mut cache);
         let prepared = super::whatif::Prepared::wanted(tl, dev, opts)
             .then(|| super::whatif::Prepared::new(tl, dev, &mut cache))
             .flatten();
-        (replay(), event_facts, prepared)
+        (replay(), event_facts, evidence, prepared)
     });
     let events = &dev.events;
     let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
@@ -85,8 +88,7 @@ pub(super) fn analyze_device<'t>(
     // report: run it beside the report and the other facts.
     let (mut report, facts, state, attribution) = std::thread::scope(|s| {
         let leaks = beside(s, || facts::leak_pass(dev, &replay, &event_facts, last_event));
-        let (state, attribution, report) =
-            device_report(tl, dev, opts, &replay, (moment, idx), &event_facts, &mut cache);
+        let (state, attribution, report) = device_report(tl, dev, opts, &replay, (moment, idx), evidence, &mut cache);
         let cx = facts::Context {
             tl,
             dev,
@@ -153,7 +155,7 @@ fn device_report(
     opts: &Options,
     replay: &Replay,
     (moment, idx): (Moment, Option<u32>),
-    event_facts: &facts::EventFacts,
+    mut evidence: attribution::TraceEvidence,
     cats: &mut categories::CategoryCache,
 ) -> (State, attribution::Attribution, DeviceReport) {
     let events = &dev.events;
@@ -171,7 +173,6 @@ fn device_report(
     };
     let seen = idx.map_or(0, |i| i as usize + 1);
     let end = || replay.state_at(events.len().checked_sub(1).map(|i| i as u32));
-    let mut evidence = attribution::TraceEvidence::of(dev).with_iterations(event_facts.iterations.as_ref());
     let attribution = attribution::attribute_with_evidence(tl, dev, &state, seen, end, cats, &mut evidence);
     let (top_allocations, (by_stack, live_stacks), live_count, no_stack) =
         live_allocations(tl, dev, &state, &attribution, time_us, opts.top);
