@@ -84,10 +84,11 @@ pub(super) fn analyze_device<'t>(
         }
     };
     let last_event = idx.map_or(events.len().saturating_sub(1), |i| i as usize);
-    // The leak pass (the live set per stack at each iteration's end) needs the replay's series and nothing of the
-    // report: run it beside the report and the other facts.
+    // The passes that follow what each stack holds live (at each iteration's end, at the KV cache's samples) need
+    // the replay's series and nothing of the report: run them beside the report and the other facts.
+    let kv_last = facts::kv_last(events, moment, idx);
     let (mut report, facts, state, attribution) = std::thread::scope(|s| {
-        let leaks = beside(s, || facts::leak_pass(dev, &replay, &event_facts, last_event));
+        let live = beside(s, || facts::live_passes(dev, &replay, &event_facts, last_event, kv_last));
         let (state, attribution, report) = device_report(tl, dev, opts, &replay, (moment, idx), evidence, &mut cache);
         let cx = facts::Context {
             tl,
@@ -98,7 +99,7 @@ pub(super) fn analyze_device<'t>(
             gpu_memory: opts.gpu_memory,
             memory_cap: opts.memory_cap,
         };
-        let facts = facts::compute(&cx, &event_facts, leaks);
+        let facts = facts::compute(&cx, &event_facts, live);
         (report, facts, state, attribution)
     });
     report.facts = facts;

@@ -297,8 +297,9 @@ impl EventFacts {
 }
 
 /// Computes every fact for one device, given those computed from its events alone.
-/// `leaks` waits for the leak pass (running on another core), asked for last.
-pub fn compute(cx: &Context, ev: &EventFacts, leaks: impl FnOnce() -> LeakPass) -> Facts {
+/// `live` waits for the passes that follow what each stack holds live (running on another core, see
+/// [`live_passes`]), asked for last.
+pub fn compute(cx: &Context, ev: &EventFacts, live: impl FnOnce() -> LivePasses) -> Facts {
     let mut f = Facts::default();
     let r = cx.report;
     let events = &cx.dev.events;
@@ -436,9 +437,12 @@ pub fn compute(cx: &Context, ev: &EventFacts, leaks: impl FnOnce() -> LeakPass) 
     }
     let cx = &Ctx { cx, kinds: &ev.kinds };
     iteration_peaks(&mut f, cx, ev.iterations.as_ref().map_or(&[], |it| &it.ends));
-    kv_facts(&mut f, cx, ev.iterations.as_ref());
+    let LivePasses { leaks, kv } = live();
+    let oom_event = r.oom.as_ref().and_then(|o| o.event_index);
+    debug_assert!(kv.as_ref().is_none_or(|k| k.last == oom_event.map_or(events.len() - 1, |i| i as usize)));
+    kv_facts(&mut f, cx, kv);
     compile_facts(&mut f, cx, ev.last_compile);
-    leak_facts(&mut f, cx, leaks());
+    leak_facts(&mut f, cx, leaks);
     f
 }
 
@@ -778,9 +782,21 @@ fn allocation_cycles(series: &[u64]) -> usize {
     cycles
 }
 
+/// The passes over the trace that follow what each stack holds live, up to the moment: they need the events' kinds
+/// and the replay's series, nothing of the report, and run beside it on another core.
+pub struct LivePasses {
+    leaks: LeakPass,
+    kv: Option<KvSamples>,
+}
+
+/// [`LivePasses`] up to event `last` (the report's moment), the KV cache's up to `kv_last` (see [`kv_last`]).
+pub fn live_passes(dev: &DeviceTimeline, replay: &Replay, ev: &EventFacts, last: usize, kv_last: usize) -> LivePasses {
+    LivePasses { leaks: leak_pass(dev, replay, ev, last), kv: kv_samples(dev, ev, kv_last) }
+}
+
 /// What `leak_facts` needs from the trace: its rise-and-fall cycles and, when there is repeated work to compare,
-/// the live set per stack at each interval's end. Computed beside the report, on another core.
-pub struct LeakPass {
+/// the live set per stack at each interval's end.
+struct LeakPass {
     cycles: usize,
     intervals: Option<Intervals>,
 }
@@ -792,7 +808,7 @@ struct Intervals {
 }
 
 /// The leak pass up to event `last` (the report's moment).
-pub fn leak_pass(dev: &DeviceTimeline, replay: &Replay, ev: &EventFacts, last: usize) -> LeakPass {
+fn leak_pass(dev: &DeviceTimeline, replay: &Replay, ev: &EventFacts, last: usize) -> LeakPass {
     let series = &replay.allocated_series;
     if series.is_empty() {
         return LeakPass { cycles: 0, intervals: None };
@@ -1010,25 +1026,39 @@ fn ddp_facts(f: &mut Facts, events: &[crate::timeline::Event], kinds: &[u8], ste
 /// Samples of the KV cache's live bytes up to the moment.
 const KV_SAMPLES: usize = 32;
 
+/// The KV cache's live bytes at its samples, the last at event `last`.
+struct KvSamples {
+    last: usize,
+    series: Vec<u64>,
+}
+
+/// Where the KV cache's samples end: at the OOM where the report's moment is one the trace recorded (the event its
+/// OOM report points to); otherwise at the trace's end, so a cache that levelled off after the peak allocated moment
+/// is seen to level off.
+pub fn kv_last(events: &[crate::timeline::Event], moment: super::Moment, idx: Option<u32>) -> usize {
+    match idx {
+        Some(i) if moment == super::Moment::Oom && events[i as usize].action == Action::Oom => i as usize,
+        _ => events.len().saturating_sub(1),
+    }
+}
+
 /// unbounded-kv-growth: the KV cache's live bytes up to the moment, judged on their envelope — the most bytes live
 /// at once so far at each sample — so that a cache re-allocated one token longer each step (torch.cat: new, then the
 /// old freed), one that grows in steps as requests join, and a running batch that merges and retires requests (a
 /// sawtooth) all count as growth, while a cache allocated once (static, paged, preallocated) or one that levels off
 /// does not. The KV cache is what KV-cache code allocated, and, in a trace with no backward pass, any stack in the
 /// model's forward grown by concatenation (a cache the user wrote, whatever its frames are called: see
-/// [`event_facts`]).
-fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
+/// [`event_facts`]). Sampled by [`kv_samples`], judged by [`kv_facts`].
+fn kv_samples(dev: &DeviceTimeline, ev: &EventFacts, last: usize) -> Option<KvSamples> {
     let kv = kind_index("kv_cache");
-    if !cx.kinds.contains(&kv) {
-        return;
+    if !ev.kinds.contains(&kv) {
+        return None;
     }
-    // Up to the OOM if there is one; otherwise over the whole trace, so a cache that levelled off after the peak
-    // allocated moment is seen to level off.
-    let last = cx.report.oom.as_ref().and_then(|o| o.event_index).map_or(cx.dev.events.len() - 1, |i| i as usize);
     // At the ends of the decode steps when the loop is known and its steps reach the moment: mid-step, a cache being
     // rebuilt one token longer is briefly there twice (the new tensor before the old is freed), which an arbitrary
     // sample would catch. The moment itself is the last sample.
-    let ends: Vec<usize> = iterations.map_or(Vec::new(), |it| it.ends.iter().copied().filter(|&e| e <= last).collect());
+    let ends: Vec<usize> =
+        ev.iterations.as_ref().map_or(Vec::new(), |it| it.ends.iter().copied().filter(|&e| e <= last).collect());
     let reaches = ends.last().is_some_and(|&e| e * 10 >= last * 9);
     let mut marks = if ends.len() >= 8 && reaches {
         let n = KV_SAMPLES.min(ends.len());
@@ -1036,15 +1066,21 @@ fn kv_facts(f: &mut Facts, cx: &Ctx, iterations: Option<&Iterations>) {
         m.dedup();
         m
     } else {
-        even_time_marks(&cx.dev.events[..=last], KV_SAMPLES).unwrap_or_else(|| even_marks(last, KV_SAMPLES))
+        even_time_marks(&dev.events[..=last], KV_SAMPLES).unwrap_or_else(|| even_marks(last, KV_SAMPLES))
     };
     if marks.last() != Some(&last) {
         marks.push(last);
     }
-    let series: Vec<u64> = live_per_site_at(&cx.dev.events, cx.kinds, &marks, &|k| k == kv, true)
+    let series: Vec<u64> = live_per_site_at(&dev.events, &ev.kinds, &marks, &|k| k == kv, true)
         .iter()
         .map(|s| s.values().map(|v| v.0).sum())
         .collect();
+    Some(KvSamples { last, series })
+}
+
+fn kv_facts(f: &mut Facts, cx: &Ctx, samples: Option<KvSamples>) {
+    let Some(KvSamples { series, .. }) = samples else { return };
+    let kv = kind_index("kv_cache");
     let Some(first) = series.iter().position(|&b| b > 0) else { return };
     let tail = &series[first..];
     let now = *series.last().expect("marks non-empty");
