@@ -1085,16 +1085,16 @@ impl Pass {
 }
 
 /// The pass from `start`, its series written into `spare` where that has room.
-fn forward(dev: &DeviceTimeline, start: State, rules: &Rules, spare: Vec<u64>) -> Pass {
-    let mut pass = Pass::reusing(start, dev.events.len(), sampled_events(dev), spare);
+fn forward(dev: &DeviceTimeline, start: State, (rules, sampled): (&Rules, usize), spare: Vec<u64>) -> Pass {
+    let mut pass = Pass::reusing(start, dev.events.len(), sampled, spare);
     pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, false);
     pass.finish()
 }
 
 /// The pass from an empty device, or at its first anomaly the buffer of its series, for the pass that replaces it:
 /// a trace whose ring buffer wrapped (the usual case for a long run) meets one within its first events.
-fn forward_from_empty(dev: &DeviceTimeline, rules: &Rules) -> Result<Pass, Vec<u64>> {
-    let mut pass = Pass::reusing(State::default(), dev.events.len(), sampled_events(dev), Vec::new());
+fn forward_from_empty(dev: &DeviceTimeline, (rules, sampled): (&Rules, usize)) -> Result<Pass, Vec<u64>> {
+    let mut pass = Pass::reusing(State::default(), dev.events.len(), sampled, Vec::new());
     if pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, true) {
         Ok(pass.finish())
     } else {
@@ -1178,12 +1178,12 @@ fn start_by_first_events(dev: &DeviceTimeline, rules: &Rules, first: &FirstEvent
 /// (its first-event start is the empty device, which the pass from empty already refused).
 fn from_first_events(
     dev: &DeviceTimeline,
-    rules: &Rules,
+    (rules, sampled): (&Rules, usize),
     first: &FirstEvents,
     spare: Vec<u64>,
 ) -> Result<Pass, Vec<u64>> {
     let Some(start) = start_by_first_events(dev, rules, first) else { return Err(spare) };
-    let mut pass = Pass::reusing(start, dev.events.len(), sampled_events(dev), spare);
+    let mut pass = Pass::reusing(start, dev.events.len(), sampled, spare);
     let whole = pass.run(&dev.events, (0, dev.events.len()), rules, &dev.event_attrs, true);
     if whole && pass.end.diff(&dev.segments).is_none() {
         Ok(pass.finish())
@@ -1194,10 +1194,10 @@ fn from_first_events(
 
 /// The pass from the start before the trace: the one its first events give where it holds, else the whole undo's,
 /// with the undo's anomalies first.
-fn from_rebuilt_start(dev: &DeviceTimeline, rules: &Rules, first: &FirstEvents, spare: Vec<u64>) -> Pass {
-    from_first_events(dev, rules, first, spare).unwrap_or_else(|spare| {
-        let (start, undone) = undo(dev, rules);
-        let mut pass = forward(dev, start, rules, spare);
+fn from_rebuilt_start(dev: &DeviceTimeline, plan: (&Rules, usize), first: &FirstEvents, spare: Vec<u64>) -> Pass {
+    from_first_events(dev, plan, first, spare).unwrap_or_else(|spare| {
+        let (start, undone) = undo(dev, plan.0);
+        let mut pass = forward(dev, start, plan, spare);
         pass.anomalies.splice(0..0, undone);
         pass
     })
@@ -1212,16 +1212,17 @@ pub fn start_by_first_events_agrees(
     settings: Option<&AllocatorSettings>,
 ) -> Option<(bool, bool)> {
     let rules = Rules::new(settings, dev);
+    let plan = (&rules, sampled_events(dev));
     let first = first_events(dev);
     // Where `Replay::new` rebuilds a start: the pass from empty fails or ends elsewhere, and the trace is not whole.
     let ends_right = |p: Pass| p.end.diff(&dev.segments).is_none();
-    if dev.events.is_empty() || forward_from_empty(dev, &rules).is_ok_and(ends_right) || first.completeness.complete() {
+    if dev.events.is_empty() || forward_from_empty(dev, plan).is_ok_and(ends_right) || first.completeness.complete() {
         return None;
     }
     let (undone, anomalies) = undo(dev, &rules);
     let Some(start) = start_by_first_events(dev, &rules, &first) else { return Some((false, false)) };
     let same = anomalies.is_empty() && state_seen(&undone) == state_seen(&start);
-    let pass = forward(dev, start, &rules, Vec::new());
+    let pass = forward(dev, start, plan, Vec::new());
     Some((same, pass.anomalies.is_empty() && pass.end.diff(&dev.segments).is_none()))
 }
 
@@ -1271,8 +1272,10 @@ pub fn undo_with_index_agrees(dev: &DeviceTimeline, settings: Option<&AllocatorS
 impl<'t> Replay<'t> {
     pub fn new(dev: &'t DeviceTimeline, settings: Option<&AllocatorSettings>) -> Replay<'t> {
         let rules = Rules::new(settings, dev);
+        // Read once: each pass samples free memory over the same events.
+        let plan = (&rules, sampled_events(dev));
         // Most traces with a history start from an empty device: try that first, it needs no extra pass.
-        let (pass, completeness) = match forward_from_empty(dev, &rules) {
+        let (pass, completeness) = match forward_from_empty(dev, plan) {
             Ok(pass) if dev.events.is_empty() => (pass, completeness(dev)),
             // Every event applied; if the end is not the file's, rebuild the start when the trace is not whole.
             Ok(pass) => match pass.end.diff(&dev.segments) {
@@ -1282,7 +1285,7 @@ impl<'t> Replay<'t> {
                     if first.completeness.complete() {
                         return Replay::of(dev, rules, first.completeness, pass, Some(mismatch));
                     }
-                    (from_rebuilt_start(dev, &rules, &first, pass.into_buffer()), first.completeness)
+                    (from_rebuilt_start(dev, plan, &first, pass.into_buffer()), first.completeness)
                 }
             },
             // Mostly a trace that starts mid-way (its ring buffer wrapped): its start is rebuilt from the file's
@@ -1292,9 +1295,9 @@ impl<'t> Replay<'t> {
                 let pass = if first.completeness.complete() {
                     // A whole history with events the allocator could not have done: replay it all from empty,
                     // anomalies and all.
-                    forward(dev, State::default(), &rules, spare)
+                    forward(dev, State::default(), plan, spare)
                 } else {
-                    from_rebuilt_start(dev, &rules, &first, spare)
+                    from_rebuilt_start(dev, plan, &first, spare)
                 };
                 (pass, first.completeness)
             }
