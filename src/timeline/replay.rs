@@ -383,20 +383,10 @@ impl State {
                 self.allocated -= size.min(self.allocated);
                 Ok(())
             }
-            Action::FreeCompleted => {
-                let b = self.blocks.get_mut(&e.addr).ok_or("free_completed of an address holding no block")?;
-                let (state, size) = (b.state, b.size);
-                if state == BlockState::Inactive {
-                    return Err("free_completed of a block already free");
-                }
-                b.state = BlockState::Inactive;
-                b.stack = EMPTY_STACK;
-                b.alloc_event = None;
-                let (prev, next) = (b.prev.get(), b.next.get());
-                self.count(state, -(size as i128));
-                self.merge_neighbours(e.addr, prev, next);
-                Ok(())
-            }
+            Action::FreeCompleted => self.let_go(
+                e.addr,
+                ("free_completed of an address holding no block", "free_completed of a block already free"),
+            ),
             Action::SegmentAlloc => {
                 self.add_segment(e.addr, e.size, attrs.get(e).stream, attrs.get(e).pool_id(), false)
             }
@@ -433,10 +423,16 @@ impl State {
     /// Makes the block in use at `addr` free again, as it was before its allocation, and merges it with free
     /// neighbours.
     fn unallocate(&mut self, addr: u64) -> Result<(), &'static str> {
-        let b = self.blocks.get_mut(&addr).ok_or("alloc (undone) of an address holding no block")?;
+        self.let_go(addr, ("alloc (undone) of an address holding no block", "alloc (undone) of a free block"))
+    }
+
+    /// Makes the block in use at `addr` free and merges it with free neighbours: a `free_completed` going forward,
+    /// an `alloc` going back. `(missing, free)` say what was wrong where no block starts at `addr`, or it is free.
+    fn let_go(&mut self, addr: u64, (missing, free): (&'static str, &'static str)) -> Result<(), &'static str> {
+        let b = self.blocks.get_mut(&addr).ok_or(missing)?;
         let (state, size) = (b.state, b.size);
         if state == BlockState::Inactive {
-            return Err("alloc (undone) of a free block");
+            return Err(free);
         }
         b.state = BlockState::Inactive;
         b.stack = EMPTY_STACK;
